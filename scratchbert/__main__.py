@@ -1,0 +1,5 @@
+import sys
+
+from scratchbert.cli import main
+
+sys.exit(main())

