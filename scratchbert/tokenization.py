@@ -1,0 +1,541 @@
+"""BERT's WordPiece tokenizer: assembled from `tokenizers`, trained or loaded, wrapped for transformers.
+
+How BERT turns text into ids (Devlin et al. 2018, section 3; google-research/bert `tokenization.py`):
+
+    text -> normalize   (drop control characters, put spaces around CJK ideographs,
+                         optionally lowercase and strip accents)
+         -> pre-tokenize (split on whitespace and around every punctuation character)
+         -> WordPiece    (each word -> longest vocabulary prefix, then `##`-prefixed
+                          continuations; a word with no split, or over 100 characters,
+                          becomes [UNK])
+         -> template     ([CLS] A [SEP]  or  [CLS] A [SEP] B [SEP], segment ids 0 / 1)
+
+`build_pipeline` wires exactly these components from the Rust `tokenizers` library, one
+per line. `train_tokenizer` learns a vocabulary for it from any text; `tokenizer_from_vocab`
+loads an existing `vocab.txt` (e.g. bert-base-uncased's). Both return a
+`ScratchBertTokenizer`, a transformers tokenizer that saves with `save_pretrained` and
+reloads with `AutoTokenizer.from_pretrained`.
+
+`ScratchBertTokenizer` is transformers' Rust-backed tokenizer plus two fixes that make it
+give the same ids as the original BERT reference (reproduced by transformers' pure-Python
+`BertTokenizerLegacy`), where transformers v5's own `BertTokenizer` does not:
+
+* a pair of long texts is truncated one token at a time from the longer segment, from
+  the second on a tie (google-research/bert `_truncate_seq_pair`); the Rust
+  "longest_first" strategy shares the budget differently;
+* a pair whose second text is empty still ends with its own [SEP]
+  (`[CLS] A [SEP] [SEP]`); `BertTokenizer` drops the empty text and the [SEP].
+
+`wordpiece_tokenize` is the algorithm written out in Python, the readable reference the
+tests prove equal to the Rust model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from tokenizers import Encoding, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
+from transformers.tokenization_utils_base import BatchEncoding, PaddingStrategy, TruncationStrategy
+
+from scratchbert.configuration_scratchbert import ScratchBertConfig
+
+PAD_TOKEN = "[PAD]"
+UNK_TOKEN = "[UNK]"
+CLS_TOKEN = "[CLS]"
+SEP_TOKEN = "[SEP]"
+MASK_TOKEN = "[MASK]"
+# Order matters: the trainer gives special tokens the first ids, so [PAD] gets 0, the
+# model's `pad_token_id`.
+SPECIAL_TOKENS = (PAD_TOKEN, UNK_TOKEN, CLS_TOKEN, SEP_TOKEN, MASK_TOKEN)
+CONTINUING_SUBWORD_PREFIX = "##"
+# BERT's WordpieceTokenizer gives up on longer words (they become [UNK]): greedy
+# longest-match is quadratic in the word length.
+MAX_INPUT_CHARS_PER_WORD = 100
+# How many texts go to the Rust trainer at a time: large enough to keep it busy, small
+# enough that a corpus never has to fit in memory.
+TRAIN_BATCH_SIZE = 1000
+
+
+# --------------------------------------------------------------------------------------
+# The pipeline
+# --------------------------------------------------------------------------------------
+
+
+def build_pipeline(
+    model: models.WordPiece,
+    *,
+    lowercase: bool = True,
+    strip_accents: bool | None = None,
+    handle_chinese_chars: bool = True,
+    clean_text: bool = True,
+) -> Tokenizer:
+    """BERT's normalizer, pre-tokenizer and decoder around a WordPiece `model`.
+
+    The post-processor is added by `add_bert_template` once the vocabulary (and so the
+    ids of [CLS] and [SEP]) is known. `strip_accents=None` follows `lowercase`, as in BERT.
+    """
+    tokenizer = Tokenizer(model)
+    tokenizer.normalizer = normalizers.BertNormalizer(
+        clean_text=clean_text,  # drop control characters and U+FFFD, map whitespace to " "
+        handle_chinese_chars=handle_chinese_chars,  # every CJK ideograph becomes its own word
+        strip_accents=strip_accents,
+        lowercase=lowercase,
+    )
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()  # whitespace, then each punctuation char alone
+    tokenizer.decoder = decoders.WordPiece(prefix=CONTINUING_SUBWORD_PREFIX)  # "play ##ing" -> "playing"
+    return tokenizer
+
+
+def add_bert_template(tokenizer: Tokenizer) -> None:
+    """Add the post-processor `[CLS] A [SEP]` / `[CLS] A [SEP] B [SEP]` (segment ids 0, then 1).
+
+    The ids of [CLS] and [SEP] are read from the tokenizer's own vocabulary.
+    """
+    ids = {token: tokenizer.token_to_id(token) for token in SPECIAL_TOKENS}
+    missing = [token for token, index in ids.items() if index is None]
+    if missing:
+        raise ValueError(
+            f"the vocabulary has no {', '.join(missing)}: BERT needs the special tokens "
+            f"{' '.join(SPECIAL_TOKENS)}; add them as lines of vocab.txt."
+        )
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{CLS_TOKEN}:0 $A:0 {SEP_TOKEN}:0",
+        pair=f"{CLS_TOKEN}:0 $A:0 {SEP_TOKEN}:0 $B:1 {SEP_TOKEN}:1",
+        special_tokens=[(CLS_TOKEN, ids[CLS_TOKEN]), (SEP_TOKEN, ids[SEP_TOKEN])],
+    )
+
+
+# --------------------------------------------------------------------------------------
+# The transformers tokenizer
+# --------------------------------------------------------------------------------------
+
+
+def reference_pair_lengths(len_a: int, len_b: int, budget: int) -> tuple[int, int]:
+    """How many tokens of segments A and B BERT keeps when a pair must fit in `budget`.
+
+    google-research/bert's `_truncate_seq_pair`: while the pair is too long, drop the last
+    token of the longer segment, of B when they are equally long. So a short segment
+    is kept whole and two long ones end up sharing the budget, A getting the odd token.
+    """
+    budget = max(budget, 0)
+    while len_a + len_b > budget:
+        if len_a > len_b:
+            len_a -= 1
+        else:
+            len_b -= 1
+    return len_a, len_b
+
+
+class ScratchBertTokenizer(PreTrainedTokenizerFast):
+    """BERT's WordPiece tokenizer for scratchbert: a transformers Rust-backed tokenizer.
+
+    Build one with `train_tokenizer` or `tokenizer_from_vocab`; reload a saved one with
+    `AutoTokenizer.from_pretrained(directory)` (after `import scratchbert`, which registers
+    this class). The whole pipeline, casing included, is read back from `tokenizer.json`:
+    the class defines no `__init__`, so transformers loads that file as it is instead of
+    rebuilding a normalizer from keyword arguments (which is how v5's `BertTokenizer`
+    loses `do_lower_case=False` when a config does not repeat it).
+
+    Differences from transformers' `BertTokenizer`, both towards the BERT reference:
+    pairs truncated with "longest_first" follow `reference_pair_lengths`, and a pair whose
+    second text is empty keeps its closing [SEP].
+    """
+
+    vocab_files_names = {"vocab_file": "vocab.txt", "tokenizer_file": "tokenizer.json"}
+    model_input_names = ["input_ids", "token_type_ids", "attention_mask"]
+
+    def save_vocabulary(self, save_directory: str, filename_prefix: str | None = None) -> tuple[str]:
+        """Write `vocab.txt`: one token per line, line number = id (BERT's format)."""
+        vocab = self._tokenizer.get_vocab(with_added_tokens=False)
+        tokens = sorted(vocab, key=vocab.get)
+        if [vocab[token] for token in tokens] != list(range(len(tokens))):
+            raise ValueError("the WordPiece ids are not 0..N-1, so they cannot be written as vocab.txt lines.")
+        name = (filename_prefix + "-" if filename_prefix else "") + self.vocab_files_names["vocab_file"]
+        path = os.path.join(save_directory, name)
+        with open(path, "w", encoding="utf-8") as file:
+            file.writelines(token + "\n" for token in tokens)
+        return (path,)
+
+    def _save_pretrained(self, save_directory, file_names, legacy_format=None, filename_prefix=None):
+        # The Rust-backed base writes only tokenizer.json; add vocab.txt so the folder also
+        # loads in BERT's original code and in any WordPiece tokenizer.
+        file_names = super()._save_pretrained(save_directory, file_names, legacy_format, filename_prefix)
+        return file_names + self.save_vocabulary(str(save_directory), filename_prefix)
+
+    def _encode_plus(
+        self,
+        text,
+        text_pair=None,
+        add_special_tokens: bool = True,
+        padding_strategy: PaddingStrategy = PaddingStrategy.DO_NOT_PAD,
+        truncation_strategy: TruncationStrategy = TruncationStrategy.DO_NOT_TRUNCATE,
+        max_length: int | None = None,
+        stride: int = 0,
+        is_split_into_words: bool = False,
+        pad_to_multiple_of: int | None = None,
+        padding_side: str | None = None,
+        return_tensors=None,
+        return_token_type_ids: bool | None = None,
+        return_attention_mask: bool | None = None,
+        return_overflowing_tokens: bool = False,
+        return_special_tokens_mask: bool = False,
+        return_offsets_mapping: bool = False,
+        return_length: bool = False,
+        verbose: bool = True,
+        split_special_tokens: bool | None = None,
+        **kwargs,
+    ) -> BatchEncoding:
+        """Pairs are encoded here (see the class docstring); everything else by the base class."""
+        options = dict(
+            add_special_tokens=add_special_tokens,
+            padding_strategy=padding_strategy,
+            truncation_strategy=truncation_strategy,
+            max_length=max_length,
+            stride=stride,
+            is_split_into_words=is_split_into_words,
+            pad_to_multiple_of=pad_to_multiple_of,
+            padding_side=padding_side,
+            return_tensors=return_tensors,
+            return_token_type_ids=return_token_type_ids,
+            return_attention_mask=return_attention_mask,
+            return_overflowing_tokens=return_overflowing_tokens,
+            return_special_tokens_mask=return_special_tokens_mask,
+            return_offsets_mapping=return_offsets_mapping,
+            return_length=return_length,
+            verbose=verbose,
+            split_special_tokens=split_special_tokens,
+        )
+        handled_here = (
+            text_pair is not None
+            and truncation_strategy in (TruncationStrategy.DO_NOT_TRUNCATE, TruncationStrategy.LONGEST_FIRST)
+            and not return_overflowing_tokens  # the reference cannot return them for longest_first pairs either
+            and not kwargs
+        )
+        if not handled_here:
+            return super()._encode_plus(text, text_pair, **options, **kwargs)
+        return self._encode_pairs(text, text_pair, **options)
+
+    def _encode_pairs(
+        self,
+        text,
+        text_pair,
+        *,
+        add_special_tokens,
+        padding_strategy,
+        truncation_strategy,
+        max_length,
+        stride,
+        is_split_into_words,
+        pad_to_multiple_of,
+        padding_side,
+        return_tensors,
+        return_token_type_ids,
+        return_attention_mask,
+        return_overflowing_tokens,
+        return_special_tokens_mask,
+        return_offsets_mapping,
+        return_length,
+        verbose,
+        split_special_tokens,
+    ) -> BatchEncoding:
+        """Encode A and B apart, truncate as BERT does, then add [CLS]/[SEP] and pad."""
+        if is_split_into_words:
+            is_batched = isinstance(text, (list, tuple)) and bool(text) and isinstance(text[0], (list, tuple))
+        else:
+            is_batched = isinstance(text, (list, tuple))
+        if is_batched:
+            if isinstance(text_pair, str) or len(text) != len(text_pair):
+                raise ValueError("when tokenizing a batch of pairs, `text_pair` must be a list as long as `text`.")
+            firsts, seconds = list(text), list(text_pair)
+        else:
+            firsts, seconds = [text], [text_pair]
+
+        # Truncation and padding are done below on the Encoding objects, so the Rust
+        # tokenizer must do neither.
+        self.set_truncation_and_padding(
+            padding_strategy=PaddingStrategy.DO_NOT_PAD,
+            truncation_strategy=TruncationStrategy.DO_NOT_TRUNCATE,
+            max_length=max_length,
+            stride=stride,
+            pad_to_multiple_of=None,
+            padding_side=padding_side,
+        )
+        split_special_tokens = self.split_special_tokens if split_special_tokens is None else split_special_tokens
+        self._tokenizer.encode_special_tokens = split_special_tokens
+        encode = self._tokenizer.encode_batch
+        encodings_a = encode(firsts, add_special_tokens=False, is_pretokenized=is_split_into_words)
+        encodings_b = encode(seconds, add_special_tokens=False, is_pretokenized=is_split_into_words)
+
+        encodings: list[Encoding] = []
+        num_special = self._tokenizer.num_special_tokens_to_add(True) if add_special_tokens else 0
+        for encoding_a, encoding_b in zip(encodings_a, encodings_b):
+            if truncation_strategy == TruncationStrategy.LONGEST_FIRST and max_length is not None:
+                keep_a, keep_b = reference_pair_lengths(len(encoding_a), len(encoding_b), max_length - num_special)
+                encoding_a.truncate(keep_a, direction=self.truncation_side)
+                encoding_b.truncate(keep_b, direction=self.truncation_side)
+            encodings.append(self._tokenizer.post_process(encoding_a, encoding_b, add_special_tokens))
+
+        if padding_strategy != PaddingStrategy.DO_NOT_PAD:
+            target = max(len(e) for e in encodings) if padding_strategy == PaddingStrategy.LONGEST else max_length
+            if pad_to_multiple_of and target % pad_to_multiple_of:
+                target += pad_to_multiple_of - target % pad_to_multiple_of
+            for encoding in encodings:
+                encoding.pad(
+                    target,
+                    direction=padding_side or self.padding_side,
+                    pad_id=self.pad_token_id,
+                    pad_type_id=self.pad_token_type_id,
+                    pad_token=self.pad_token,
+                )
+
+        columns: dict[str, list] = {}
+        for encoding in encodings:
+            converted, _ = self._convert_encoding(
+                encoding=encoding,
+                return_token_type_ids=return_token_type_ids,
+                return_attention_mask=return_attention_mask,
+                return_special_tokens_mask=return_special_tokens_mask,
+                return_offsets_mapping=return_offsets_mapping,
+                return_length=return_length,
+                verbose=verbose,
+            )
+            for key, value in converted.items():
+                columns.setdefault(key, []).extend(value)
+        for input_ids in columns["input_ids"]:
+            self._eventual_warn_about_too_long_sequence(input_ids, max_length, verbose)
+
+        if not is_batched and return_tensors is None:
+            # A single pair: one list per key, not a batch of one.
+            return BatchEncoding({key: value[0] for key, value in columns.items()}, encodings)
+        return BatchEncoding(columns, encodings, tensor_type=return_tensors)
+
+
+# Transformers' v5 naming: the Rust-backed class carries the plain name, "Fast" is an alias.
+ScratchBertTokenizerFast = ScratchBertTokenizer
+
+# `import scratchbert` (or this module) makes AutoTokenizer find the class, both from the
+# `tokenizer_class` recorded in tokenizer_config.json and for a ScratchBertConfig checkpoint.
+AutoTokenizer.register(ScratchBertConfig, tokenizer_class=ScratchBertTokenizer, exist_ok=True)
+
+
+def wrap_tokenizer(
+    tokenizer: Tokenizer,
+    *,
+    lowercase: bool,
+    strip_accents: bool | None,
+    handle_chinese_chars: bool,
+    model_max_length: int,
+) -> ScratchBertTokenizer:
+    """Wrap a `tokenizers.Tokenizer` built by `build_pipeline` as a transformers tokenizer.
+
+    The normalizer options are also recorded as BERT's `tokenizer_config.json` keys
+    (`do_lower_case`, ...), so other BERT tokenizer classes that read them, such as
+    transformers' `BertTokenizer`, load the folder with the same casing.
+    """
+    add_bert_template(tokenizer)
+    return ScratchBertTokenizer(
+        tokenizer_object=tokenizer,
+        pad_token=PAD_TOKEN,
+        unk_token=UNK_TOKEN,
+        cls_token=CLS_TOKEN,
+        sep_token=SEP_TOKEN,
+        mask_token=MASK_TOKEN,
+        model_max_length=model_max_length,
+        do_lower_case=lowercase,
+        strip_accents=strip_accents,
+        tokenize_chinese_chars=handle_chinese_chars,
+        clean_up_tokenization_spaces=False,  # decode exactly what the WordPiece decoder joins
+    )
+
+
+# --------------------------------------------------------------------------------------
+# Training and loading
+# --------------------------------------------------------------------------------------
+
+
+def read_text_file(path: str | os.PathLike) -> Iterator[str]:
+    """Yield the lines of a UTF-8 text file (`.gz` files are decompressed).
+
+    Raises FileNotFoundError for a missing file and ValueError naming the file for one
+    that is not UTF-8.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no such text file: {path}")
+    opener = gzip.open if path.suffix == ".gz" else open
+    line_number = 0
+    try:
+        with opener(path, "rt", encoding="utf-8") as file:
+            for line_number, line in enumerate(file, start=1):
+                yield line
+    except UnicodeDecodeError as err:
+        raise ValueError(
+            f"{path} is not UTF-8 text (line {line_number + 1}: {err.reason}); convert it first, "
+            f"e.g. `iconv -f latin1 -t utf-8 {path.name}`."
+        ) from None
+
+
+def _is_path_list(texts) -> bool:
+    """True when `texts` names files: a path, or a list of paths/strings that all name files."""
+    if isinstance(texts, (str, os.PathLike)):
+        return True
+    if not isinstance(texts, (list, tuple)) or not texts:
+        return False
+    if all(isinstance(item, os.PathLike) for item in texts):
+        return True
+    # A list of strings is text, unless every one of them names an existing file.
+    return all(isinstance(item, str) and "\n" not in item and os.path.isfile(item) for item in texts)
+
+
+def iter_text_batches(texts, batch_size: int = TRAIN_BATCH_SIZE) -> Iterator[list[str]]:
+    """Stream `texts` as lists of at most `batch_size` strings.
+
+    `texts` may be one file path, a list of file paths, or any iterable whose items are
+    strings or lists of strings (e.g. a `datasets` column, or `batch["text"]` for each
+    batch of `Dataset.iter(batch_size=...)`). Nothing is held in memory beyond one batch.
+    """
+    if _is_path_list(texts):
+        paths = [texts] if isinstance(texts, (str, os.PathLike)) else list(texts)
+        for path in paths:  # fail on a missing file before training on the others
+            if not Path(path).is_file():
+                raise FileNotFoundError(f"no such text file: {path}")
+        items: Iterable = (line for path in paths for line in read_text_file(path))
+    elif isinstance(texts, (str, bytes)) or not isinstance(texts, Iterable):
+        raise ValueError(f"texts must be file paths or an iterable of strings, not {type(texts).__name__}.")
+    else:
+        items = texts
+    batch: list[str] = []
+    for item in items:
+        for piece in [item] if isinstance(item, str) else item:
+            if not isinstance(piece, str):
+                raise ValueError(f"texts must contain strings; found {type(piece).__name__}: {piece!r:.60}")
+            batch.append(piece)
+            if len(batch) == batch_size:
+                yield batch
+                batch = []
+    if batch:
+        yield batch
+
+
+def train_tokenizer(
+    texts,
+    vocab_size: int = 30522,
+    min_frequency: int = 2,
+    lowercase: bool = True,
+    strip_accents: bool | None = None,
+    handle_chinese_chars: bool = True,
+    clean_text: bool = True,
+    model_max_length: int = 512,
+    show_progress: bool = True,
+) -> ScratchBertTokenizer:
+    """Learn a WordPiece vocabulary of `vocab_size` tokens from `texts` and return the tokenizer.
+
+    Args:
+        texts: a file path, a list of file paths (UTF-8, one or more texts per line;
+            `.gz` is read too), or any iterable of strings or of lists of strings, streamed
+            in batches so the corpus need not fit in memory.
+        vocab_size: tokens in the final vocabulary, the five special tokens included.
+        min_frequency: a pair of pieces seen fewer times is never merged.
+        lowercase, strip_accents, handle_chinese_chars, clean_text: BertNormalizer's
+            options (`strip_accents=None` follows `lowercase`).
+        model_max_length: longest input the model takes (its `max_position_embeddings`).
+        show_progress: show the trainer's progress bars.
+
+    Returns a `ScratchBertTokenizer` whose special tokens [PAD] [UNK] [CLS] [SEP] [MASK]
+    have ids 0-4. Raises ValueError for an empty corpus or a vocabulary too small to hold
+    the special tokens.
+    """
+    if not isinstance(vocab_size, int) or vocab_size <= len(SPECIAL_TOKENS):
+        raise ValueError(f"vocab_size={vocab_size!r}: it must be an integer above {len(SPECIAL_TOKENS)} (the special tokens).")
+    if not isinstance(min_frequency, int) or min_frequency < 0:
+        raise ValueError(f"min_frequency={min_frequency!r}: it must be a non-negative integer.")
+    model = models.WordPiece(
+        unk_token=UNK_TOKEN,
+        continuing_subword_prefix=CONTINUING_SUBWORD_PREFIX,
+        max_input_chars_per_word=MAX_INPUT_CHARS_PER_WORD,
+    )
+    tokenizer = build_pipeline(
+        model,
+        lowercase=lowercase,
+        strip_accents=strip_accents,
+        handle_chinese_chars=handle_chinese_chars,
+        clean_text=clean_text,
+    )
+    trainer = trainers.WordPieceTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=list(SPECIAL_TOKENS),
+        continuing_subword_prefix=CONTINUING_SUBWORD_PREFIX,
+        show_progress=show_progress,
+    )
+    # Count the words the trainer actually sees, to tell an empty corpus from a small one.
+    seen = {"texts": 0, "words": 0}
+
+    def counted_batches() -> Iterator[list[str]]:
+        for batch in iter_text_batches(texts):
+            seen["texts"] += len(batch)
+            seen["words"] += sum(1 for text in batch if text.strip())
+            yield batch
+
+    tokenizer.train_from_iterator(counted_batches(), trainer=trainer)
+    if seen["words"] == 0:
+        raise ValueError(
+            f"the training corpus is empty ({seen['texts']} texts, none with any non-space character): "
+            "pass files or strings that contain text."
+        )
+    return wrap_tokenizer(
+        tokenizer,
+        lowercase=lowercase,
+        strip_accents=strip_accents,
+        handle_chinese_chars=handle_chinese_chars,
+        model_max_length=model_max_length,
+    )
+
+
+def tokenizer_from_vocab(
+    vocab_file: str | os.PathLike,
+    lowercase: bool = True,
+    strip_accents: bool | None = None,
+    handle_chinese_chars: bool = True,
+    clean_text: bool = True,
+    model_max_length: int = 512,
+) -> ScratchBertTokenizer:
+    """Build the tokenizer from an existing BERT `vocab.txt` (one token per line, line = id).
+
+    Use `lowercase=True` for an uncased vocabulary (bert-base-uncased), False for a cased one.
+    """
+    vocab_file = Path(vocab_file)
+    if not vocab_file.is_file():
+        raise FileNotFoundError(f"no such vocabulary file: {vocab_file}")
+    vocab: dict[str, int] = {}
+    for index, line in enumerate(read_text_file(vocab_file)):
+        # Only the newline ends a token: BERT's loader keeps every other character.
+        vocab[line.rstrip("\n")] = index  # a repeated token keeps its last id, as in BERT
+    if not vocab:
+        raise ValueError(f"{vocab_file} is empty: a vocab.txt lists one token per line.")
+    model = models.WordPiece(
+        vocab,
+        unk_token=UNK_TOKEN,
+        continuing_subword_prefix=CONTINUING_SUBWORD_PREFIX,
+        max_input_chars_per_word=MAX_INPUT_CHARS_PER_WORD,
+    )
+    tokenizer = build_pipeline(
+        model,
+        lowercase=lowercase,
+        strip_accents=strip_accents,
+        handle_chinese_chars=handle_chinese_chars,
+        clean_text=clean_text,
+    )
+    return wrap_tokenizer(
+        tokenizer,
+        lowercase=lowercase,
+        strip_accents=strip_accents,
+        handle_chinese_chars=handle_chinese_chars,
+        model_max_length=model_max_length,
+    )
