@@ -30,6 +30,7 @@ class ScratchBertConfig(PretrainedConfig):
         pad_token_id: id of `[PAD]`; its embedding row gets no gradient.
         classifier_dropout: dropout before classification heads (defaults to
             `hidden_dropout_prob` when None).
+        tie_word_embeddings: share the MLM decoder's weight with the word embeddings.
     """
 
     model_type = "scratchbert"
@@ -50,6 +51,7 @@ class ScratchBertConfig(PretrainedConfig):
         layer_norm_eps: float = 1e-12,
         pad_token_id: int = 0,
         classifier_dropout: float | None = None,
+        tie_word_embeddings: bool = True,
         **kwargs,
     ):
         self.vocab_size = vocab_size
@@ -76,7 +78,8 @@ class ScratchBertConfig(PretrainedConfig):
                 raise ValueError("add_cross_attention=True: scratchbert has no cross-attention (BERT is an encoder).")
             if key == "position_embedding_type" and value not in (None, "absolute"):
                 raise ValueError(f"position_embedding_type={value!r}: scratchbert implements BERT's absolute positions only.")
-        super().__init__(pad_token_id=pad_token_id, **kwargs)
+        # The MLM decoder shares the word-embedding matrix, as in BERT.
+        super().__init__(pad_token_id=pad_token_id, tie_word_embeddings=tie_word_embeddings, **kwargs)
         self.validate_sizes()
 
     @property

@@ -1,0 +1,938 @@
+"""BERT, written out by hand, as a Hugging Face `PreTrainedModel`.
+
+The file reads top to bottom in the order data flows through the model:
+
+    token ids -> embeddings -> [ self-attention -> add & norm -> feed-forward -> add & norm ] x L
+              -> pooler ([CLS]) -> heads (MLM, NSP, classification, tagging, spans, choices)
+
+Notation used in shape comments:
+    B  batch size              S  sequence length (padded)       H  hidden size
+    A  attention heads         D  head size, H / A               I  intermediate (feed-forward) size
+    V  vocabulary size         C  answer choices (multiple choice)   L  layers
+
+Every sub-module keeps the attribute names of transformers' BERT (`embeddings.word_embeddings`,
+`encoder.layer.N.attention.self.query`, `LayerNorm`, `cls.predictions`, ...), so the state dict
+of any transformers BERT checkpoint loads here key for key, with no conversion step.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import PreTrainedModel
+from transformers import initialization as init
+from transformers.activations import ACT2FN
+from transformers.modeling_outputs import (
+    BaseModelOutputWithPooling,
+    MaskedLMOutput,
+    MultipleChoiceModelOutput,
+    NextSentencePredictorOutput,
+    QuestionAnsweringModelOutput,
+    SequenceClassifierOutput,
+    TokenClassifierOutput,
+)
+from transformers.utils import ModelOutput
+
+from .configuration_scratchbert import ScratchBertConfig
+
+IGNORE_INDEX = -100  # label value that contributes no loss, everywhere in scratchbert
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. Embeddings: what each input position *is* before any attention happens.
+# ---------------------------------------------------------------------------------------------
+class ScratchBertEmbeddings(nn.Module):
+    """Token + position + segment embeddings, summed, then LayerNorm and dropout.
+
+    BERT learns all three tables. The word table says which token sits at a position, the
+    position table where it sits (attention itself is order-blind), and the token-type table
+    which segment (sentence A = 0, sentence B = 1) it belongs to.
+
+    Shapes: input_ids, token_type_ids, position_ids (B, S) -> embeddings (B, S, H).
+    """
+
+    def __init__(self, config: ScratchBertConfig):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None,
+        token_type_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        inputs_embeds: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        if inputs_embeds is None:
+            inputs_embeds = self.word_embeddings(input_ids)  # (B, S, H)
+        embeddings = inputs_embeds + self.token_type_embeddings(token_type_ids) + self.position_embeddings(position_ids)
+        return self.dropout(self.LayerNorm(embeddings))
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. The padding mask, built once per forward pass and shared by every layer.
+# ---------------------------------------------------------------------------------------------
+def additive_attention_mask(attention_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Turn a (B, S) keep-mask of 1s (real token) and 0s (padding) into a (B, 1, 1, S) bias.
+
+    The bias is 0 where a key may be attended and the most negative finite number of `dtype`
+    where it is padding, so after softmax a padded key gets (numerically) zero weight. A finite
+    minimum rather than -inf keeps a fully padded row finite: its softmax is uniform, not NaN.
+    """
+    keep = attention_mask[:, None, None, :].to(dtype)  # (B, 1, 1, S): broadcasts over heads and queries
+    return (1.0 - keep) * torch.finfo(dtype).min
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. Scaled dot-product attention, written out, beside PyTorch's fused kernel.
+# ---------------------------------------------------------------------------------------------
+def eager_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor | None,
+    dropout_p: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """softmax(Q K^T / sqrt(D) + mask) V, step by step.
+
+    Shapes: query, key, value (B, A, S, D); mask (B, 1, 1, S) additive or None.
+    Returns the context (B, A, S, D) and the attention probabilities (B, A, S, S).
+    """
+    scores = query @ key.transpose(-1, -2)  # (B, A, S, S): how well each query matches each key
+    scores = scores / math.sqrt(query.size(-1))  # keeps the logits' variance ~1 whatever D is
+    if mask is not None:
+        scores = scores + mask  # padded keys -> most negative number
+    probs = scores.softmax(dim=-1)  # each query's weights over keys sum to 1
+    context = F.dropout(probs, p=dropout_p) @ value  # (B, A, S, D): weighted sum of values
+    return context, probs
+
+
+def sdpa_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor | None,
+    dropout_p: float,
+) -> tuple[torch.Tensor, None]:
+    """The same computation through `F.scaled_dot_product_attention` (fused, no S x S tensor kept).
+
+    It cannot return the probabilities; `ScratchBertSelfAttention` switches to
+    `eager_attention` for a call that asks for them. Shapes as in `eager_attention`.
+    """
+    context = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout_p)
+    return context, None
+
+
+ATTENTION_FUNCTIONS = {"eager": eager_attention, "sdpa": sdpa_attention}
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. Multi-head self-attention: A heads, each attending in its own D-dimensional subspace.
+# ---------------------------------------------------------------------------------------------
+class ScratchBertSelfAttention(nn.Module):
+    """Project to queries, keys and values, split into heads, attend, merge the heads back.
+
+    Shapes: hidden_states (B, S, H), mask (B, 1, 1, S) -> context (B, S, H),
+    and attention probabilities (B, A, S, S) when asked for (else None).
+    """
+
+    def __init__(self, config: ScratchBertConfig):
+        super().__init__()
+        self.config = config
+        self.num_heads = config.num_attention_heads
+        self.head_dim = config.head_dim
+        self.query = nn.Linear(config.hidden_size, config.hidden_size)
+        self.key = nn.Linear(config.hidden_size, config.hidden_size)
+        self.value = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dropout_p = config.attention_probs_dropout_prob
+
+    def split_heads(self, x: torch.Tensor) -> torch.Tensor:
+        batch, seq, _ = x.shape
+        x = x.view(batch, seq, self.num_heads, self.head_dim)  # (B, S, A, D)
+        return x.transpose(1, 2)  # (B, A, S, D)
+
+    def forward(
+        self, hidden_states: torch.Tensor, mask: torch.Tensor | None, output_attentions: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        query = self.split_heads(self.query(hidden_states))
+        key = self.split_heads(self.key(hidden_states))
+        value = self.split_heads(self.value(hidden_states))
+
+        # The fused kernel cannot return probabilities: use the written-out math when asked.
+        implementation = "eager" if output_attentions else self.config._attn_implementation
+        attend = ATTENTION_FUNCTIONS[implementation]
+        dropout_p = self.dropout_p if self.training else 0.0
+        context, probs = attend(query, key, value, mask, dropout_p)  # (B, A, S, D)
+
+        batch, _, seq, _ = context.shape
+        context = context.transpose(1, 2).reshape(batch, seq, self.num_heads * self.head_dim)  # (B, S, H)
+        return context, probs
+
+
+# ---------------------------------------------------------------------------------------------
+# 5. Add & norm: project, dropout, add the residual, LayerNorm (BERT is post-LN).
+# ---------------------------------------------------------------------------------------------
+class ScratchBertAddNorm(nn.Module):
+    """LayerNorm(residual + dropout(dense(x))): closes both the attention and the feed-forward block.
+
+    Shapes: x (B, S, in_features), residual (B, S, H) -> (B, S, H). Used twice per layer, as
+    `attention.output` (in_features = H) and `output` (in_features = I), the names BERT's
+    checkpoints use for these two places.
+    """
+
+    def __init__(self, config: ScratchBertConfig, in_features: int):
+        super().__init__()
+        self.dense = nn.Linear(in_features, config.hidden_size)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(residual + self.dropout(self.dense(x)))
+
+
+class ScratchBertAttention(nn.Module):
+    """Multi-head self-attention followed by its add & norm. (B, S, H) -> (B, S, H)."""
+
+    def __init__(self, config: ScratchBertConfig):
+        super().__init__()
+        self.self = ScratchBertSelfAttention(config)
+        self.output = ScratchBertAddNorm(config, config.hidden_size)
+
+    def forward(
+        self, hidden_states: torch.Tensor, mask: torch.Tensor | None, output_attentions: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        context, probs = self.self(hidden_states, mask, output_attentions)
+        return self.output(context, hidden_states), probs
+
+
+# ---------------------------------------------------------------------------------------------
+# 6. Position-wise feed-forward: the same two-layer MLP applied to every token on its own.
+# ---------------------------------------------------------------------------------------------
+class ScratchBertIntermediate(nn.Module):
+    """First half of the feed-forward block: expand H -> I and apply GELU. (B, S, H) -> (B, S, I)."""
+
+    def __init__(self, config: ScratchBertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.intermediate_act_fn = ACT2FN[config.hidden_act]
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.intermediate_act_fn(self.dense(hidden_states))
+
+
+# ---------------------------------------------------------------------------------------------
+# 7. One encoder layer, and the stack of L of them.
+# ---------------------------------------------------------------------------------------------
+class ScratchBertLayer(nn.Module):
+    """attention -> add & norm -> feed-forward (H -> I -> H) -> add & norm. (B, S, H) -> (B, S, H)."""
+
+    def __init__(self, config: ScratchBertConfig):
+        super().__init__()
+        self.attention = ScratchBertAttention(config)
+        self.intermediate = ScratchBertIntermediate(config)
+        self.output = ScratchBertAddNorm(config, config.intermediate_size)  # second half of the feed-forward
+
+    def forward(
+        self, hidden_states: torch.Tensor, mask: torch.Tensor | None, output_attentions: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        attended, probs = self.attention(hidden_states, mask, output_attentions)
+        return self.output(self.intermediate(attended), attended), probs
+
+
+@dataclass
+class EncoderOutput(ModelOutput):
+    """What the encoder stack returns: the last layer's states and, when asked, every layer's."""
+
+    last_hidden_state: torch.Tensor | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None  # L + 1 tensors (B, S, H), embeddings first
+    attentions: tuple[torch.Tensor, ...] | None = None  # L tensors (B, A, S, S)
+
+
+class ScratchBertEncoder(nn.Module):
+    """L identical layers applied in turn, optionally with gradient checkpointing. (B, S, H) -> (B, S, H)."""
+
+    def __init__(self, config: ScratchBertConfig):
+        super().__init__()
+        self.layer = nn.ModuleList(ScratchBertLayer(config) for _ in range(config.num_hidden_layers))
+        self.gradient_checkpointing = False  # switched on by `model.gradient_checkpointing_enable()`
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        mask: torch.Tensor | None,
+        output_attentions: bool = False,
+        output_hidden_states: bool = False,
+    ) -> EncoderOutput:
+        all_hidden = [hidden_states] if output_hidden_states else None
+        all_attentions = [] if output_attentions else None
+        for layer in self.layer:
+            if self.gradient_checkpointing and self.training:
+                # Recompute this layer's activations in the backward pass instead of storing them.
+                hidden_states, probs = self._gradient_checkpointing_func(layer.__call__, hidden_states, mask, output_attentions)
+            else:
+                hidden_states, probs = layer(hidden_states, mask, output_attentions)
+            if output_hidden_states:
+                all_hidden.append(hidden_states)
+            if output_attentions:
+                all_attentions.append(probs)
+        return EncoderOutput(
+            last_hidden_state=hidden_states,
+            hidden_states=tuple(all_hidden) if output_hidden_states else None,
+            attentions=tuple(all_attentions) if output_attentions else None,
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# 8. Pooler: one vector for the whole input, from the [CLS] position.
+# ---------------------------------------------------------------------------------------------
+class ScratchBertPooler(nn.Module):
+    """tanh(dense(h_[CLS])): the sequence summary that NSP and sentence classifiers read. (B, S, H) -> (B, H)."""
+
+    def __init__(self, config: ScratchBertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.activation = nn.Tanh()
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.activation(self.dense(hidden_states[:, 0]))  # [CLS] is always position 0
+
+
+# ---------------------------------------------------------------------------------------------
+# 9. Pretraining heads: masked-language-model (MLM) and next-sentence prediction (NSP).
+# ---------------------------------------------------------------------------------------------
+class ScratchBertPredictionHeadTransform(nn.Module):
+    """dense -> GELU -> LayerNorm on each token before the vocabulary projection. (..., H) -> (..., H)."""
+
+    def __init__(self, config: ScratchBertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.transform_act_fn = ACT2FN[config.hidden_act]
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(self.transform_act_fn(self.dense(hidden_states)))
+
+
+class ScratchBertLMPredictionHead(nn.Module):
+    """Scores over the vocabulary for each token: transform, then the decoder. (..., H) -> (..., V).
+
+    The decoder's weight *is* the word-embedding table (tied through `_tied_weights_keys`): the
+    same vector represents a token going in and is matched against coming out. Only the
+    output bias is the head's own.
+    """
+
+    def __init__(self, config: ScratchBertConfig):
+        super().__init__()
+        self.transform = ScratchBertPredictionHeadTransform(config)
+        self.decoder = nn.Linear(config.hidden_size, config.vocab_size)
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size))  # tied to decoder.bias, BERT's checkpoint name
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.decoder(self.transform(hidden_states))
+
+
+class ScratchBertPreTrainingHeads(nn.Module):
+    """The pretraining heads under the checkpoint name `cls`: MLM (`predictions`) and/or NSP (`seq_relationship`).
+
+    `ForPreTraining` has both, `ForMaskedLM` only the MLM head, `ForNextSentencePrediction`
+    only the NSP head (a linear layer over the pooled [CLS] vector: IsNext = 0, NotNext = 1).
+    """
+
+    def __init__(self, config: ScratchBertConfig, mlm: bool = True, nsp: bool = True):
+        super().__init__()
+        if mlm:
+            self.predictions = ScratchBertLMPredictionHead(config)
+        if nsp:
+            self.seq_relationship = nn.Linear(config.hidden_size, 2)
+
+
+# ---------------------------------------------------------------------------------------------
+# 10. Losses shared by the heads.
+# ---------------------------------------------------------------------------------------------
+def cross_entropy(logits: torch.Tensor, labels: torch.Tensor, num_items_in_batch: int | torch.Tensor | None = None):
+    """Cross-entropy over the last dimension, ignoring labels equal to -100.
+
+    With `num_items_in_batch` (the labelled count of the whole accumulated batch, which
+    `Trainer` passes under gradient accumulation) the per-token losses are summed and divided
+    by it, so k micro-batches add up to exactly the loss of one big batch. Without it: the mean.
+    Shapes: logits (..., K), labels (...) -> scalar.
+    """
+    logits = logits.reshape(-1, logits.size(-1)).float()  # (N, K); fp32 for a stable log-softmax
+    labels = labels.reshape(-1).to(logits.device)  # (N,)
+    if num_items_in_batch is None:
+        return F.cross_entropy(logits, labels, ignore_index=IGNORE_INDEX)
+    total = F.cross_entropy(logits, labels, ignore_index=IGNORE_INDEX, reduction="sum")
+    if torch.is_tensor(num_items_in_batch):
+        num_items_in_batch = num_items_in_batch.to(total.device)
+    return total / num_items_in_batch
+
+
+def sequence_classification_loss(logits: torch.Tensor, labels: torch.Tensor, config: ScratchBertConfig) -> torch.Tensor:
+    """Regression (MSE), single-label (cross-entropy) or multi-label (BCE) loss, by `config.problem_type`.
+
+    When `problem_type` is unset it is inferred once, as transformers does: one label means
+    regression, integer labels single-label, float labels multi-label.
+    Shapes: logits (B, num_labels); labels (B,) or (B, num_labels).
+    """
+    if config.problem_type is None:
+        if config.num_labels == 1:
+            config.problem_type = "regression"
+        elif labels.dtype in (torch.long, torch.int):
+            config.problem_type = "single_label_classification"
+        else:
+            config.problem_type = "multi_label_classification"
+    if config.problem_type == "regression":
+        if config.num_labels == 1:
+            logits, labels = logits.squeeze(-1), labels.reshape(-1)  # (B,) each
+        return F.mse_loss(logits.float(), labels.float())
+    if config.problem_type == "single_label_classification":
+        return cross_entropy(logits, labels)
+    if config.problem_type == "multi_label_classification":
+        return F.binary_cross_entropy_with_logits(logits.float(), labels.float())
+    raise ValueError(
+        f"problem_type={config.problem_type!r} is unknown; use 'regression', 'single_label_classification' "
+        "or 'multi_label_classification'."
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# 11. The Hugging Face base class: configuration, weight initialisation, loading rules.
+# ---------------------------------------------------------------------------------------------
+class ScratchBertPreTrainedModel(PreTrainedModel):
+    """Shared plumbing of every scratchbert model: `from_pretrained`, `save_pretrained`, initialisation.
+
+    `base_model_prefix = "bert"` is what lets a head model load a bare encoder checkpoint (and a
+    bare encoder load a head checkpoint): transformers adds or strips that prefix on the keys.
+    """
+
+    config_class = ScratchBertConfig
+    base_model_prefix = "bert"
+    supports_gradient_checkpointing = True
+    _supports_sdpa = True
+    _no_split_modules = ["ScratchBertLayer"]
+    # Older transformers versions saved the position-id buffer; scratchbert computes positions.
+    _keys_to_ignore_on_load_unexpected = [r"embeddings\.position_ids"]
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        """BERT's initialisation: N(0, initializer_range) weights, zero biases, LayerNorm at identity.
+
+        The `transformers.initialization` helpers skip tensors already loaded from a checkpoint,
+        which is why every model ends its `__init__` with `post_init()`.
+        """
+        std = self.config.initializer_range
+        if isinstance(module, nn.Linear):
+            init.normal_(module.weight, mean=0.0, std=std)
+            if module.bias is not None:
+                init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            init.normal_(module.weight, mean=0.0, std=std)
+            # A slice loses the "already loaded" flag, so check it before zeroing the [PAD] row.
+            if module.padding_idx is not None and not getattr(module.weight, "_is_hf_initialized", False):
+                init.zeros_(module.weight[module.padding_idx])
+        elif isinstance(module, nn.LayerNorm):
+            init.ones_(module.weight)
+            init.zeros_(module.bias)
+        elif isinstance(module, ScratchBertLMPredictionHead):
+            init.zeros_(module.bias)
+
+
+# ---------------------------------------------------------------------------------------------
+# 12. The bare encoder.
+# ---------------------------------------------------------------------------------------------
+def check_inputs(
+    config: ScratchBertConfig,
+    input_ids: torch.Tensor | None,
+    inputs_embeds: torch.Tensor | None,
+    attention_mask: torch.Tensor | None,
+    token_type_ids: torch.Tensor | None,
+    position_ids: torch.Tensor | None,
+) -> tuple[int, int]:
+    """Validate the inputs up front and return (B, S), so mistakes read as sentences, not torch index errors."""
+    if (input_ids is None) == (inputs_embeds is None):
+        raise ValueError("Pass exactly one of input_ids or inputs_embeds.")
+    shape = tuple(input_ids.shape) if input_ids is not None else tuple(inputs_embeds.shape[:-1])
+    if len(shape) != 2:
+        raise ValueError(f"input_ids must have shape (batch, sequence), got {shape}; add a batch dimension with [None].")
+    batch, seq = shape
+    if seq > config.max_position_embeddings:
+        raise ValueError(
+            f"Sequence length {seq} is longer than max_position_embeddings={config.max_position_embeddings}; "
+            f"truncate inputs (tokenizer(..., truncation=True, max_length={config.max_position_embeddings}))."
+        )
+    if input_ids is not None and input_ids.numel() > 0:
+        low, high = int(input_ids.min()), int(input_ids.max())
+        if low < 0 or high >= config.vocab_size:
+            raise ValueError(
+                f"input_ids contain id {high if high >= config.vocab_size else low}, outside the vocabulary "
+                f"[0, {config.vocab_size}); the tokenizer and the model disagree: use the checkpoint's own "
+                "tokenizer, or model.resize_token_embeddings(len(tokenizer))."
+            )
+    if inputs_embeds is not None and inputs_embeds.size(-1) != config.hidden_size:
+        raise ValueError(f"inputs_embeds have width {inputs_embeds.size(-1)}, the model's hidden_size is {config.hidden_size}.")
+    for name, tensor in (("attention_mask", attention_mask), ("token_type_ids", token_type_ids), ("position_ids", position_ids)):
+        if tensor is not None and tuple(tensor.shape) != shape and not (name == "position_ids" and tuple(tensor.shape) == (1, seq)):
+            raise ValueError(f"{name} has shape {tuple(tensor.shape)} but input_ids has shape {shape}; they must match.")
+    if token_type_ids is not None and token_type_ids.numel() > 0:
+        high = int(token_type_ids.max())
+        if high >= config.type_vocab_size or int(token_type_ids.min()) < 0:
+            raise ValueError(
+                f"token_type_ids contain {high}, but type_vocab_size={config.type_vocab_size} allows ids 0.."
+                f"{config.type_vocab_size - 1} (0 for the first segment, 1 for the second)."
+            )
+    if position_ids is not None and position_ids.numel() > 0 and int(position_ids.max()) >= config.max_position_embeddings:
+        raise ValueError(f"position_ids reach {int(position_ids.max())}; max_position_embeddings={config.max_position_embeddings}.")
+    return batch, seq
+
+
+class ScratchBertModel(ScratchBertPreTrainedModel):
+    """The BERT encoder: embeddings, L layers, and (optionally) the pooler.
+
+    Shapes: input_ids, attention_mask, token_type_ids (B, S) ->
+    last_hidden_state (B, S, H), pooler_output (B, H),
+    hidden_states L + 1 x (B, S, H) and attentions L x (B, A, S, S) when asked for.
+    """
+
+    def __init__(self, config: ScratchBertConfig, add_pooling_layer: bool = True):
+        super().__init__(config)
+        self.embeddings = ScratchBertEmbeddings(config)
+        self.encoder = ScratchBertEncoder(config)
+        self.pooler = ScratchBertPooler(config) if add_pooling_layer else None
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.embeddings.word_embeddings
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.embeddings.word_embeddings = value
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+    ) -> BaseModelOutputWithPooling | tuple:
+        batch, seq = check_inputs(self.config, input_ids, inputs_embeds, attention_mask, token_type_ids, position_ids)
+        device = input_ids.device if input_ids is not None else inputs_embeds.device
+        output_attentions = self.config.output_attentions if output_attentions is None else output_attentions
+        output_hidden_states = self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
+
+        # Defaults: one segment (all 0s), positions 0..S-1, every token real.
+        if token_type_ids is None:
+            token_type_ids = torch.zeros(batch, seq, dtype=torch.long, device=device)
+        if position_ids is None:
+            position_ids = torch.arange(seq, device=device)[None, :]  # (1, S): broadcasts over the batch
+
+        hidden_states = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)  # (B, S, H)
+
+        # Build the mask once, in the dtype the attention scores will have (bf16/fp16 under autocast).
+        mask = None
+        if attention_mask is not None and not bool(attention_mask.all()):
+            dtype = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else hidden_states.dtype
+            mask = additive_attention_mask(attention_mask, dtype)  # (B, 1, 1, S)
+
+        encoded = self.encoder(hidden_states, mask, output_attentions, output_hidden_states)
+        sequence_output = encoded.last_hidden_state
+        pooled_output = self.pooler(sequence_output) if self.pooler is not None else None
+
+        output = BaseModelOutputWithPooling(
+            last_hidden_state=sequence_output,
+            pooler_output=pooled_output,
+            hidden_states=encoded.hidden_states,
+            attentions=encoded.attentions,
+        )
+        return output if return_dict is not False else output.to_tuple()
+
+
+# ---------------------------------------------------------------------------------------------
+# 13. Task models: the encoder plus one head each. They share the blocks above.
+# ---------------------------------------------------------------------------------------------
+def _finish(output: ModelOutput, return_dict: bool | None) -> ModelOutput | tuple:
+    return output if return_dict is not False else output.to_tuple()
+
+
+class _MaskedLMMixin:
+    """Input/output embedding accessors for models whose decoder is tied to the word embeddings."""
+
+    _tied_weights_keys = {
+        "cls.predictions.decoder.weight": "bert.embeddings.word_embeddings.weight",
+        "cls.predictions.decoder.bias": "cls.predictions.bias",
+    }
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.cls.predictions.decoder
+
+    def set_output_embeddings(self, new_embeddings: nn.Linear) -> None:
+        self.cls.predictions.decoder = new_embeddings
+        self.cls.predictions.bias = new_embeddings.bias
+
+
+@dataclass
+class ScratchBertForPreTrainingOutput(ModelOutput):
+    """Output of `ScratchBertForPreTraining`.
+
+    loss: MLM loss + NSP loss (when both label sets are given), prediction_logits (B, S, V),
+    seq_relationship_logits (B, 2), hidden_states and attentions as in `ScratchBertModel`.
+    """
+
+    loss: torch.Tensor | None = None
+    prediction_logits: torch.Tensor | None = None
+    seq_relationship_logits: torch.Tensor | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+    attentions: tuple[torch.Tensor, ...] | None = None
+
+
+class ScratchBertForPreTraining(_MaskedLMMixin, ScratchBertPreTrainedModel):
+    """BERT as pretrained: masked-language-model and next-sentence-prediction heads together.
+
+    labels (B, S): the original token at masked positions, -100 elsewhere.
+    next_sentence_label (B,): 0 if segment B follows segment A in the source text, 1 if random.
+    The loss is their sum, as in the BERT paper. Under `Trainer`'s gradient accumulation it
+    divides each micro-batch mean by the accumulation steps (`accepts_loss_kwargs = False`),
+    as for transformers' own BERT.
+    """
+
+    accepts_loss_kwargs = False
+
+    def __init__(self, config: ScratchBertConfig):
+        super().__init__(config)
+        self.bert = ScratchBertModel(config)
+        self.cls = ScratchBertPreTrainingHeads(config)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        next_sentence_label: torch.Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+    ) -> ScratchBertForPreTrainingOutput | tuple:
+        encoded = self.bert(
+            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, output_attentions, output_hidden_states
+        )
+        prediction_logits = self.cls.predictions(encoded.last_hidden_state)  # (B, S, V)
+        seq_relationship_logits = self.cls.seq_relationship(encoded.pooler_output)  # (B, 2)
+
+        loss = None
+        if labels is not None and next_sentence_label is not None:
+            loss = cross_entropy(prediction_logits, labels) + cross_entropy(seq_relationship_logits, next_sentence_label)
+        elif labels is not None or next_sentence_label is not None:
+            raise ValueError(
+                "ScratchBertForPreTraining needs both labels (MLM) and next_sentence_label (NSP) for a loss; "
+                "use ScratchBertForMaskedLM or ScratchBertForNextSentencePrediction to train one task alone."
+            )
+        return _finish(
+            ScratchBertForPreTrainingOutput(
+                loss=loss,
+                prediction_logits=prediction_logits,
+                seq_relationship_logits=seq_relationship_logits,
+                hidden_states=encoded.hidden_states,
+                attentions=encoded.attentions,
+            ),
+            return_dict,
+        )
+
+
+class ScratchBertForMaskedLM(_MaskedLMMixin, ScratchBertPreTrainedModel):
+    """The MLM head alone (no pooler): fill in `[MASK]` tokens. logits (B, S, V).
+
+    Its loss is token-level, so under `Trainer`'s gradient accumulation it normalises by the
+    labelled-token count of the whole accumulated batch (`num_items_in_batch`).
+    """
+
+    accepts_loss_kwargs = True
+
+    def __init__(self, config: ScratchBertConfig):
+        super().__init__(config)
+        self.bert = ScratchBertModel(config, add_pooling_layer=False)
+        self.cls = ScratchBertPreTrainingHeads(config, nsp=False)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        num_items_in_batch: int | torch.Tensor | None = None,
+    ) -> MaskedLMOutput | tuple:
+        encoded = self.bert(
+            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, output_attentions, output_hidden_states
+        )
+        logits = self.cls.predictions(encoded.last_hidden_state)  # (B, S, V)
+        loss = cross_entropy(logits, labels, num_items_in_batch) if labels is not None else None
+        return _finish(
+            MaskedLMOutput(loss=loss, logits=logits, hidden_states=encoded.hidden_states, attentions=encoded.attentions),
+            return_dict,
+        )
+
+
+class ScratchBertForNextSentencePrediction(ScratchBertPreTrainedModel):
+    """The NSP head alone: does segment B follow segment A? logits (B, 2); label 0 = IsNext, 1 = NotNext."""
+
+    accepts_loss_kwargs = False
+
+    def __init__(self, config: ScratchBertConfig):
+        super().__init__(config)
+        self.bert = ScratchBertModel(config)
+        self.cls = ScratchBertPreTrainingHeads(config, mlm=False)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+    ) -> NextSentencePredictorOutput | tuple:
+        encoded = self.bert(
+            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, output_attentions, output_hidden_states
+        )
+        logits = self.cls.seq_relationship(encoded.pooler_output)  # (B, 2)
+        loss = cross_entropy(logits, labels) if labels is not None else None
+        return _finish(
+            NextSentencePredictorOutput(loss=loss, logits=logits, hidden_states=encoded.hidden_states, attentions=encoded.attentions),
+            return_dict,
+        )
+
+
+def classifier_dropout(config: ScratchBertConfig) -> nn.Dropout:
+    """Dropout in front of a task classifier: `classifier_dropout`, else the hidden dropout."""
+    p = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+    return nn.Dropout(p)
+
+
+class ScratchBertForSequenceClassification(ScratchBertPreTrainedModel):
+    """A linear classifier on the pooled [CLS] vector. logits (B, num_labels).
+
+    Regression, single-label or multi-label by `config.problem_type` (see
+    `sequence_classification_loss`). The loss is a per-example mean, so under gradient
+    accumulation `Trainer` divides it by the number of steps (`accepts_loss_kwargs = False`).
+    """
+
+    accepts_loss_kwargs = False
+
+    def __init__(self, config: ScratchBertConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.bert = ScratchBertModel(config)
+        self.dropout = classifier_dropout(config)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+    ) -> SequenceClassifierOutput | tuple:
+        encoded = self.bert(
+            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, output_attentions, output_hidden_states
+        )
+        logits = self.classifier(self.dropout(encoded.pooler_output))  # (B, num_labels)
+        loss = sequence_classification_loss(logits, labels, self.config) if labels is not None else None
+        return _finish(
+            SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=encoded.hidden_states, attentions=encoded.attentions),
+            return_dict,
+        )
+
+
+class ScratchBertForTokenClassification(ScratchBertPreTrainedModel):
+    """A linear classifier on every token (tagging, e.g. named entities). logits (B, S, num_labels).
+
+    Token-level loss: normalised by `num_items_in_batch` under `Trainer`'s gradient accumulation.
+    """
+
+    accepts_loss_kwargs = True
+
+    def __init__(self, config: ScratchBertConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.bert = ScratchBertModel(config, add_pooling_layer=False)
+        self.dropout = classifier_dropout(config)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        num_items_in_batch: int | torch.Tensor | None = None,
+    ) -> TokenClassifierOutput | tuple:
+        encoded = self.bert(
+            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, output_attentions, output_hidden_states
+        )
+        logits = self.classifier(self.dropout(encoded.last_hidden_state))  # (B, S, num_labels)
+        loss = cross_entropy(logits, labels, num_items_in_batch) if labels is not None else None
+        return _finish(
+            TokenClassifierOutput(loss=loss, logits=logits, hidden_states=encoded.hidden_states, attentions=encoded.attentions),
+            return_dict,
+        )
+
+
+def _span_targets(positions: torch.Tensor, seq: int) -> torch.Tensor:
+    """Span boundary targets (B,): a position at or past the end (the answer was truncated away) is ignored."""
+    positions = positions.reshape(-1)
+    return positions.clamp(min=0).masked_fill(positions >= seq, IGNORE_INDEX)
+
+
+class ScratchBertForQuestionAnswering(ScratchBertPreTrainedModel):
+    """Extractive QA: for every token, a score for starting and for ending the answer span.
+
+    start_logits, end_logits (B, S). The loss averages the cross-entropies of the true start
+    and end positions; positions outside the sequence (answer truncated away) are ignored.
+    """
+
+    accepts_loss_kwargs = False
+
+    def __init__(self, config: ScratchBertConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.bert = ScratchBertModel(config, add_pooling_layer=False)
+        self.qa_outputs = nn.Linear(config.hidden_size, 2)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        start_positions: torch.Tensor | None = None,
+        end_positions: torch.Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+    ) -> QuestionAnsweringModelOutput | tuple:
+        encoded = self.bert(
+            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, output_attentions, output_hidden_states
+        )
+        logits = self.qa_outputs(encoded.last_hidden_state)  # (B, S, 2)
+        start_logits, end_logits = (t.squeeze(-1).contiguous() for t in logits.split(1, dim=-1))  # (B, S) each
+
+        loss = None
+        if start_positions is not None and end_positions is not None:
+            seq = start_logits.size(1)
+            start_loss = cross_entropy(start_logits, _span_targets(start_positions, seq))
+            end_loss = cross_entropy(end_logits, _span_targets(end_positions, seq))
+            loss = (start_loss + end_loss) / 2
+        return _finish(
+            QuestionAnsweringModelOutput(
+                loss=loss,
+                start_logits=start_logits,
+                end_logits=end_logits,
+                hidden_states=encoded.hidden_states,
+                attentions=encoded.attentions,
+            ),
+            return_dict,
+        )
+
+
+def _fold_choices(tensor: torch.Tensor | None) -> torch.Tensor | None:
+    """Fold the choices into the batch: (B, C, S) -> (B * C, S), or (B, C, S, H) -> (B * C, S, H)."""
+    return None if tensor is None else tensor.reshape(-1, *tensor.shape[2:])
+
+
+class ScratchBertForMultipleChoice(ScratchBertPreTrainedModel):
+    """Pick one of C candidate continuations: each (prompt, choice) pair is encoded, scored, softmaxed over C.
+
+    Shapes: input_ids (B, C, S) -> logits (B, C); labels (B,) index the right choice.
+    """
+
+    accepts_loss_kwargs = False
+
+    def __init__(self, config: ScratchBertConfig):
+        super().__init__(config)
+        self.bert = ScratchBertModel(config)
+        self.dropout = classifier_dropout(config)
+        self.classifier = nn.Linear(config.hidden_size, 1)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+    ) -> MultipleChoiceModelOutput | tuple:
+        reference = input_ids if input_ids is not None else inputs_embeds
+        if reference is None or reference.dim() < 3:
+            raise ValueError("ScratchBertForMultipleChoice takes input_ids of shape (batch, num_choices, sequence).")
+        num_choices = reference.size(1)
+        encoded = self.bert(
+            _fold_choices(input_ids),
+            _fold_choices(attention_mask),
+            _fold_choices(token_type_ids),
+            _fold_choices(position_ids),
+            _fold_choices(inputs_embeds),
+            output_attentions,
+            output_hidden_states,
+        )
+        scores = self.classifier(self.dropout(encoded.pooler_output))  # (B * C, 1)
+        logits = scores.view(-1, num_choices)  # (B, C)
+        loss = cross_entropy(logits, labels) if labels is not None else None
+        return _finish(
+            MultipleChoiceModelOutput(loss=loss, logits=logits, hidden_states=encoded.hidden_states, attentions=encoded.attentions),
+            return_dict,
+        )
+
+
+__all__ = [
+    "ScratchBertPreTrainedModel",
+    "ScratchBertModel",
+    "ScratchBertForPreTraining",
+    "ScratchBertForMaskedLM",
+    "ScratchBertForNextSentencePrediction",
+    "ScratchBertForSequenceClassification",
+    "ScratchBertForTokenClassification",
+    "ScratchBertForQuestionAnswering",
+    "ScratchBertForMultipleChoice",
+    "ScratchBertForPreTrainingOutput",
+]
