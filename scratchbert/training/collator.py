@@ -1,0 +1,230 @@
+"""Dynamic masking for BERT pretraining: pad a batch, choose tokens to predict, corrupt them.
+
+Masks are drawn when a batch is formed, not when the dataset is built, so every epoch
+(and every resumed run) sees fresh masks of the same examples ("dynamic masking", as
+in RoBERTa; BERT's original script fixed ten masks per example in advance).
+
+The rule from the BERT paper, per batch:
+1. Candidates are the real tokens: not padding, not special tokens ([CLS], [SEP], [PAD],
+   [UNK], [MASK] and any other id in `tokenizer.all_special_ids`).
+2. Each candidate (or, with whole-word masking, each word) is chosen with probability
+   `mlm_probability` (15%). The label of a chosen position is its original token;
+   every other label is -100, the ignore index of the loss.
+3. Of the chosen positions 80% become [MASK], 10% a random non-special token and 10%
+   stay as they are, so the model cannot tell from the input which tokens it predicts.
+
+Randomness comes from torch's global generator by default, which Accelerate saves and
+restores with `save_state`/`load_state` (exact resume); pass a `torch.Generator` to
+use a separate stream.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+
+IGNORE_INDEX = -100  # the label of positions the loss skips (torch's cross_entropy default)
+
+
+class DataCollatorForPretraining:
+    """Collate examples into a padded, dynamically masked MLM (+ NSP) batch.
+
+    Args:
+        tokenizer: a transformers tokenizer; uses `pad_token_id`, `mask_token_id`,
+            `all_special_ids`, `len(tokenizer)` and, for whole-word masking,
+            `convert_ids_to_tokens`.
+        mlm_probability: share of candidate tokens to predict, in (0, 1].
+        whole_word_mask: choose whole words: a token whose text starts with
+            `subword_prefix` ("##", WordPiece's marker) belongs to the word before it,
+            and all pieces of a chosen word are predicted together. Each piece then gets
+            its own 80/10/10 draw, as in BERT's whole-word-masking release.
+        pad_to_multiple_of: pad the length up to a multiple of this (8 suits tensor cores).
+        return_masked_positions: also return "masked_positions", (batch, max_masked)
+            positions of the predicted tokens in each row, ascending, padded with -1 — for a
+            model that runs its MLM head only there. Only enable this for a model whose
+            forward accepts `masked_positions` (Trainer passes every key to the model).
+        generator: a `torch.Generator` for the masks; None uses torch's global generator.
+        mask_replace_prob: share of chosen tokens replaced by [MASK] (0.8 in BERT).
+        random_replace_prob: share of chosen tokens replaced by a random token (0.1 in
+            BERT); the rest keep their original token.
+        subword_prefix: marker of word-continuation pieces for whole-word masking.
+
+    Call it on a list of examples, each a mapping with "input_ids" (list, tuple or
+    1-D tensor) and optionally "token_type_ids", "attention_mask" and
+    "next_sentence_label" (present in all examples or none); other keys are not used.
+    Sequences are padded on the right to the longest one in the batch.
+
+    Returns a dict of tensors (batch = number of examples, seq = padded length):
+        input_ids (batch, seq) long, masked and corrupted
+        token_type_ids (batch, seq) long, 0 where the examples gave none and on padding
+        attention_mask (batch, seq) long, 1 on real tokens
+        labels (batch, seq) long, original ids at predicted positions, -100 elsewhere
+        next_sentence_label (batch,) long, when the examples carry it
+        masked_positions (batch, max_masked) long, with `return_masked_positions`
+
+    Every row that has at least one candidate gets at least one prediction (its unit
+    with the smallest draw is chosen when the coin flips chose none): a batch never
+    has an all-ignored loss, which would be NaN. This raises the rate only for very
+    short rows (a row of n candidates picks none with probability 0.85**n).
+    """
+
+    def __init__(
+        self,
+        tokenizer,
+        mlm_probability: float = 0.15,
+        whole_word_mask: bool = False,
+        pad_to_multiple_of: int | None = None,
+        return_masked_positions: bool = False,
+        generator: torch.Generator | None = None,
+        *,
+        mask_replace_prob: float = 0.8,
+        random_replace_prob: float = 0.1,
+        subword_prefix: str = "##",
+    ):
+        if not 0.0 < mlm_probability <= 1.0:
+            raise ValueError(f"mlm_probability={mlm_probability!r} must be in (0, 1]; BERT uses 0.15")
+        if mask_replace_prob < 0 or random_replace_prob < 0 or mask_replace_prob + random_replace_prob > 1:
+            raise ValueError(
+                f"mask_replace_prob={mask_replace_prob!r} and random_replace_prob={random_replace_prob!r} must be "
+                "non-negative and sum to at most 1; BERT uses 0.8 and 0.1"
+            )
+        if pad_to_multiple_of is not None and (not isinstance(pad_to_multiple_of, int) or pad_to_multiple_of < 1):
+            raise ValueError(f"pad_to_multiple_of={pad_to_multiple_of!r} must be a positive integer (e.g. 8) or None")
+        if tokenizer.pad_token_id is None or tokenizer.mask_token_id is None:
+            raise ValueError("masked-language-model batches need a tokenizer with both a [PAD] and a [MASK] token")
+        self.tokenizer = tokenizer
+        self.mlm_probability = mlm_probability
+        self.whole_word_mask = whole_word_mask
+        self.pad_to_multiple_of = pad_to_multiple_of
+        self.return_masked_positions = return_masked_positions
+        self.generator = generator
+        self.mask_replace_prob = mask_replace_prob
+        self.random_replace_prob = random_replace_prob
+        self.subword_prefix = subword_prefix
+
+        self.vocab_size = len(tokenizer)
+        # Lookup tables indexed by token id, built once: (vocab,) bool.
+        self._is_special = torch.zeros(self.vocab_size, dtype=torch.bool)
+        self._is_special[sorted(set(tokenizer.all_special_ids))] = True
+        self._replacement_ids = torch.nonzero(~self._is_special).squeeze(1)  # (vocab - specials,)
+        if len(self._replacement_ids) == 0:
+            raise ValueError("the tokenizer has only special tokens; there is nothing to predict or to sample from")
+        self._continues_word = None
+        if whole_word_mask:
+            tokens = tokenizer.convert_ids_to_tokens(list(range(self.vocab_size)))
+            self._continues_word = torch.tensor([t is not None and t.startswith(subword_prefix) for t in tokens])
+
+    # -- padding -----------------------------------------------------------------
+
+    def pad(self, examples: Sequence[Mapping]) -> dict[str, torch.Tensor]:
+        """Stack examples into right-padded (batch, seq) tensors; no masking."""
+        if len(examples) == 0:
+            raise ValueError("cannot collate an empty list of examples")
+        rows = []
+        for number, example in enumerate(examples):
+            if not isinstance(example, Mapping) or "input_ids" not in example:
+                raise ValueError(f"example {number} is not a mapping with 'input_ids' (got {type(example).__name__})")
+            ids = torch.as_tensor(example["input_ids"], dtype=torch.long)
+            if ids.dim() != 1 or ids.numel() == 0:
+                raise ValueError(f"example {number}: input_ids must be a non-empty 1-D sequence, got shape {tuple(ids.shape)}")
+            rows.append(ids)
+        length = max(len(ids) for ids in rows)
+        if self.pad_to_multiple_of is not None:
+            length = -(-length // self.pad_to_multiple_of) * self.pad_to_multiple_of  # round up
+        batch_size = len(rows)
+        input_ids = torch.full((batch_size, length), self.tokenizer.pad_token_id, dtype=torch.long)
+        token_type_ids = torch.zeros((batch_size, length), dtype=torch.long)
+        attention_mask = torch.zeros((batch_size, length), dtype=torch.long)
+        for row, (ids, example) in enumerate(zip(rows, examples)):
+            n = len(ids)
+            input_ids[row, :n] = ids
+            if example.get("token_type_ids") is not None:
+                token_type_ids[row, :n] = torch.as_tensor(example["token_type_ids"], dtype=torch.long)
+            if example.get("attention_mask") is not None:
+                attention_mask[row, :n] = torch.as_tensor(example["attention_mask"], dtype=torch.long)
+            else:
+                attention_mask[row, :n] = 1
+        too_large = input_ids.max().item()
+        if too_large >= self.vocab_size or input_ids.min().item() < 0:
+            raise ValueError(
+                f"token id {too_large} is outside the tokenizer's vocabulary of {self.vocab_size}; the examples "
+                "were made with a different tokenizer"
+            )
+        batch = {"input_ids": input_ids, "token_type_ids": token_type_ids, "attention_mask": attention_mask}
+        has_label = ["next_sentence_label" in example for example in examples]
+        if any(has_label):
+            if not all(has_label):
+                raise ValueError("some examples have a next_sentence_label and some do not; give it to all or none")
+            batch["next_sentence_label"] = torch.tensor(
+                [int(example["next_sentence_label"]) for example in examples], dtype=torch.long
+            )
+        return batch
+
+    # -- masking -----------------------------------------------------------------
+
+    def choose_positions(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """(batch, seq) ids and mask -> (batch, seq) bool: the positions to predict.
+
+        Works on "units": single candidate tokens, or whole words with whole-word
+        masking. A unit is identified by its first token; every token of a chosen unit
+        is chosen.
+        """
+        candidate = attention_mask.bool() & ~self._is_special[input_ids]  # (batch, seq)
+        if self.whole_word_mask:
+            previous_is_candidate = torch.zeros_like(candidate)
+            previous_is_candidate[:, 1:] = candidate[:, :-1]
+            # A piece continues a word only if the token before it is part of that word.
+            starts = candidate & ~(self._continues_word[input_ids] & previous_is_candidate)
+        else:
+            starts = candidate
+        # Number the units across the flattened batch; a continuation piece inherits
+        # the number of its word's first piece. (batch, seq), -1 before the first unit.
+        unit_of = torch.cumsum(starts.flatten(), dim=0).view_as(starts) - 1
+
+        draw = torch.rand(input_ids.shape, generator=self.generator)  # (batch, seq)
+        chosen_starts = starts & (draw < self.mlm_probability)
+        # Rows with candidates but no chosen unit: choose the unit that drew lowest.
+        needs_one = starts.any(dim=1) & ~chosen_starts.any(dim=1)  # (batch,)
+        if needs_one.any():
+            lowest = draw.masked_fill(~starts, 2.0).argmin(dim=1)  # (batch,)
+            rows = torch.nonzero(needs_one).squeeze(1)
+            chosen_starts[rows, lowest[rows]] = True
+
+        unit_chosen = torch.zeros(int(starts.sum()), dtype=torch.bool)  # (units,)
+        unit_chosen[unit_of[starts]] = chosen_starts[starts]
+        return candidate & unit_chosen[unit_of.clamp(min=0)]
+
+    def corrupt(self, input_ids: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+        """The 80/10/10 rule: chosen positions become [MASK], a random non-special token, or stay."""
+        action = torch.rand(input_ids.shape, generator=self.generator)  # (batch, seq)
+        to_mask = chosen & (action < self.mask_replace_prob)
+        to_random = chosen & (action >= self.mask_replace_prob) & (action < self.mask_replace_prob + self.random_replace_prob)
+        picks = torch.randint(len(self._replacement_ids), input_ids.shape, generator=self.generator)
+        random_ids = self._replacement_ids[picks]  # (batch, seq), never a special token
+        corrupted = input_ids.masked_fill(to_mask, self.tokenizer.mask_token_id)
+        return torch.where(to_random, random_ids, corrupted)
+
+    @staticmethod
+    def masked_positions(chosen: torch.Tensor) -> torch.Tensor:
+        """(batch, seq) bool -> (batch, max_chosen) long: chosen positions per row, ascending, -1 padded."""
+        seq = chosen.shape[1]
+        position = torch.arange(seq).expand_as(chosen)
+        # Chosen positions sort first (in order), the others after them.
+        order = torch.argsort(torch.where(chosen, position, position + seq), dim=1)
+        counts = chosen.sum(dim=1, keepdim=True)  # (batch, 1)
+        width = int(counts.max()) if chosen.numel() else 0
+        slots = torch.arange(width).expand(chosen.shape[0], width)
+        return torch.where(slots < counts, order[:, :width], torch.full_like(slots, -1))
+
+    def __call__(self, examples: Sequence[Mapping]) -> dict[str, torch.Tensor]:
+        batch = self.pad(examples)
+        chosen = self.choose_positions(batch["input_ids"], batch["attention_mask"])
+        batch["labels"] = batch["input_ids"].masked_fill(~chosen, IGNORE_INDEX)
+        batch["input_ids"] = self.corrupt(batch["input_ids"], chosen)
+        if self.return_masked_positions:
+            batch["masked_positions"] = self.masked_positions(chosen)
+        return batch
+
+
+__all__ = ["IGNORE_INDEX", "DataCollatorForPretraining"]

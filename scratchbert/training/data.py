@@ -1,0 +1,763 @@
+"""Pretraining data: documents -> sentences -> token ids -> next-sentence-prediction pairs.
+
+BERT is pretrained on pairs of text segments `[CLS] A [SEP] B [SEP]`. Half of the
+time B really follows A in the same document (label 0, "IsNext"); otherwise B is
+taken from another document (label 1, "NotNext"). The masked-language-model masks
+are *not* made here: `DataCollatorForPretraining` draws fresh ones every time a
+batch is formed, so every epoch sees different masks ("dynamic masking").
+
+The pipeline, one function per step:
+
+    default_corpus_documents() / load_documents(source)   -> documents (text)
+    split_sentences(text)                                  -> sentences of one document
+    tokenize_documents(documents, tokenizer)               -> Dataset["sentences"]: token ids per sentence
+    build_pretraining_dataset(documents, tokenizer, ...)   -> Dataset[input_ids, token_type_ids,
+                                                              attention_mask, next_sentence_label]
+
+`build_pretraining_dataset` runs the last two steps. Tokenization does not depend on
+the seed, so a training loop can tokenize once and re-pair every epoch with
+`build_pretraining_dataset(tokenized, tokenizer, seed=seed + epoch)`.
+
+Labels follow transformers' `BertForPreTraining`: `next_sentence_label` 0 means B
+continues A, 1 means B is random.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import logging
+import os
+import random
+import re
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import datasets
+from datasets.exceptions import DatasetGenerationError
+from datasets.fingerprint import Hasher
+
+logger = logging.getLogger(__name__)
+
+# [CLS] A [SEP] B [SEP]: three positions of every example are special tokens.
+NUM_SPECIAL_TOKENS = 3
+# The smallest example holds one token of A and one of B besides the special tokens.
+MIN_MAX_SEQ_LENGTH = NUM_SPECIAL_TOKENS + 2
+
+PRETRAINING_FEATURES = datasets.Features(
+    {
+        "input_ids": datasets.List(datasets.Value("int32")),
+        "token_type_ids": datasets.List(datasets.Value("int8")),
+        "attention_mask": datasets.List(datasets.Value("int8")),
+        "next_sentence_label": datasets.Value("int64"),
+    }
+)
+TOKENIZED_FEATURES = datasets.Features({"sentences": datasets.List(datasets.List(datasets.Value("int32")))})
+
+TokenIds = list[int]
+Documents = Sequence[str] | datasets.Dataset | datasets.IterableDataset
+
+
+# ---------------------------------------------------------------------------
+# 1. Sources
+# ---------------------------------------------------------------------------
+
+# reST heading underlines in pydoc's topics ("*****", "=====", "-----"): layout, not text.
+_HEADING_UNDERLINE = re.compile(r"([*=\-~^#+\"'])\1{2,}")
+
+
+def default_corpus_documents() -> list[str]:
+    """The embedded corpus: CPython's own documentation, one document per help topic.
+
+    Every CPython install carries the text that `help("assert")` prints, in
+    `pydoc_data.topics` (79 topics, about 460k characters of English with code
+    examples), so this corpus needs no download. Topics are returned in sorted
+    order with their reST heading underlines removed; the heading text stays as a
+    paragraph of its own.
+    """
+    from pydoc_data.topics import topics
+
+    documents = []
+    for name in sorted(topics):
+        lines = [line for line in topics[name].splitlines() if not _HEADING_UNDERLINE.fullmatch(line.strip())]
+        document = "\n".join(lines).strip()
+        if document:
+            documents.append(document)
+    return documents
+
+
+def load_documents(
+    source,
+    *,
+    text_column: str = "text",
+    streaming: bool = False,
+    split: str = "train",
+    one_document_per_file: bool = False,
+    encoding: str = "utf-8",
+    config_name: str | None = None,
+    cache_dir: str | os.PathLike | None = None,
+) -> datasets.Dataset | datasets.IterableDataset:
+    """Load a corpus as a `datasets` dataset with a single "text" column, one row per document.
+
+    Args:
+        source: one of
+            - a path or glob of plain-text files, or a list of them. Documents are separated
+              by blank lines, or each file is one document with `one_document_per_file=True`;
+            - a directory written by `Dataset.save_to_disk` / `DatasetDict.save_to_disk`;
+            - a `datasets.Dataset`, `IterableDataset` or `DatasetDict` already in memory;
+            - the name of a dataset on the Hugging Face Hub (needs network access),
+              with `config_name` for datasets that have several configurations.
+        text_column: the column holding the documents (renamed to "text"; others are dropped).
+        streaming: return an `IterableDataset` that reads lazily, for corpora larger than
+            memory or disk. Otherwise a `Dataset` (files are converted once into an Arrow
+            cache, so tokenization maps over it are cached too).
+        split: the split to take from a `DatasetDict`, a saved dataset dict or a hub dataset.
+        one_document_per_file: for text files, treat each whole file as one document.
+        encoding: text encoding of the files; anything not decodable is an error, never skipped.
+        cache_dir: where `datasets` keeps its Arrow cache (its default cache otherwise).
+
+    Returns:
+        `Dataset` (or `IterableDataset` when streaming) with one string column "text".
+        Files: blank-line runs and whitespace-only documents are dropped.
+
+    Raises:
+        FileNotFoundError: a path or glob matches no file, or a hub dataset cannot be loaded.
+        ValueError: a file is not valid text in `encoding`; the column is missing or not text;
+            the corpus holds no documents.
+    """
+    if isinstance(source, (datasets.Dataset, datasets.IterableDataset, datasets.DatasetDict)):
+        return _select_text_column(_pick_split(source, split, repr(type(source).__name__)), text_column, streaming)
+    sources = [source] if isinstance(source, (str, os.PathLike)) else list(source)
+    if not sources:
+        raise ValueError("load_documents got an empty list of sources; pass a file, a glob or a dataset name")
+    if len(sources) == 1 and Path(sources[0]).is_dir():
+        return _load_saved_dataset(Path(sources[0]), split, text_column, streaming)
+    files = _expand_text_files(sources)
+    if files is None:
+        return _load_hub_dataset(str(sources[0]), split, text_column, streaming, config_name, cache_dir)
+    return _load_text_files(files, one_document_per_file, encoding, streaming, cache_dir)
+
+
+def _expand_text_files(sources: list) -> list[str] | None:
+    """Paths and globs -> sorted existing files; None when the single source looks like a hub name."""
+    files: list[str] = []
+    for item in sources:
+        pattern = os.fspath(item)
+        if glob.has_magic(pattern):
+            matches = sorted(p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p))
+            if not matches:
+                raise FileNotFoundError(f"no file matches the glob {pattern!r}")
+            files.extend(matches)
+        elif os.path.isfile(pattern):
+            files.append(pattern)
+        elif os.path.isdir(pattern):
+            raise FileNotFoundError(
+                f"{pattern!r} is a directory but not a saved `datasets` dataset; pass a glob of its text "
+                f"files instead, e.g. {os.path.join(pattern, '*.txt')!r}"
+            )
+        elif len(sources) == 1 and _looks_like_hub_name(pattern):
+            return None
+        else:
+            raise FileNotFoundError(f"text file {pattern!r} does not exist")
+    return files
+
+
+def _looks_like_hub_name(name: str) -> bool:
+    # "wikitext" or "owner/name"; anything with a file suffix or a path prefix is meant as a path.
+    return re.fullmatch(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?", name) is not None and Path(name).suffix == ""
+
+
+def _read_documents(files: list[str], one_document_per_file: bool, encoding: str) -> Iterator[dict[str, str]]:
+    """Yield {"text": document} from text files, reading line by line (files may exceed memory)."""
+    for path in files:
+        line_number = 0
+        try:
+            with open(path, encoding=encoding) as handle:
+                if one_document_per_file:
+                    document = handle.read().strip()
+                    if document:
+                        yield {"text": document}
+                    continue
+                lines: list[str] = []
+                for line_number, line in enumerate(handle, start=1):
+                    if line.strip():
+                        lines.append(line.rstrip("\n"))
+                    elif lines:
+                        yield {"text": "\n".join(lines)}
+                        lines = []
+                if lines:
+                    yield {"text": "\n".join(lines)}
+        except UnicodeDecodeError as err:
+            where = "" if one_document_per_file else f" after line {line_number}"
+            raise ValueError(
+                f"{path} is not valid {encoding} text ({err.reason}{where}). Convert it, e.g. "
+                f"`iconv -f latin1 -t utf-8 {path}`, or pass its real encoding: load_documents(..., encoding=...)"
+            ) from None
+
+
+def _load_text_files(
+    files: list[str], one_document_per_file: bool, encoding: str, streaming: bool, cache_dir
+) -> datasets.Dataset | datasets.IterableDataset:
+    gen_kwargs = {"files": files, "one_document_per_file": one_document_per_file, "encoding": encoding}
+    if streaming:
+        dataset = datasets.IterableDataset.from_generator(_read_documents, gen_kwargs=gen_kwargs)
+        if next(iter(dataset), None) is None:
+            raise ValueError(f"no documents in {_describe(files)}: the files are empty or hold only whitespace")
+        return dataset
+    # Size and modification time go into the cache key, so an edited file is read again.
+    signature = [(os.path.abspath(path), os.path.getsize(path), os.path.getmtime(path)) for path in files]
+    try:
+        dataset = datasets.Dataset.from_generator(
+            _read_documents,
+            gen_kwargs=gen_kwargs,
+            features=datasets.Features({"text": datasets.Value("string")}),
+            cache_dir=cache_dir,
+            fingerprint=Hasher.hash([signature, one_document_per_file, encoding]),
+        )
+    except DatasetGenerationError as err:
+        if isinstance(err.__cause__, (ValueError, OSError)):
+            raise err.__cause__ from None  # our own message, not the generic wrapper
+        raise
+    if len(dataset) == 0:
+        raise ValueError(f"no documents in {_describe(files)}: the files are empty or hold only whitespace")
+    return dataset
+
+
+def _describe(files: list[str]) -> str:
+    return files[0] if len(files) == 1 else f"{len(files)} files ({files[0]}, ...)"
+
+
+def _pick_split(dataset, split: str, what: str):
+    if isinstance(dataset, (datasets.DatasetDict, datasets.IterableDatasetDict)):
+        if split not in dataset:
+            raise ValueError(f"{what} has no split {split!r}; choose one of {sorted(dataset)} with split=...")
+        return dataset[split]
+    return dataset
+
+
+def _load_saved_dataset(path: Path, split: str, text_column: str, streaming: bool):
+    if not any((path / name).is_file() for name in ("dataset_info.json", "state.json", "dataset_dict.json")):
+        raise FileNotFoundError(
+            f"{str(path)!r} is a directory but not a saved `datasets` dataset; pass a glob of its text files "
+            f"instead, e.g. {str(path / '*.txt')!r}"
+        )
+    dataset = _pick_split(datasets.load_from_disk(str(path)), split, str(path))
+    return _select_text_column(dataset, text_column, streaming)
+
+
+def _load_hub_dataset(name: str, split: str, text_column: str, streaming: bool, config_name, cache_dir):
+    try:
+        dataset = datasets.load_dataset(name, config_name, split=split, streaming=streaming, cache_dir=cache_dir)
+    except Exception as err:  # offline, unknown name, missing config: all reach the user as one message
+        raise FileNotFoundError(
+            f"{name!r} is not an existing file, glob or saved dataset directory, and loading it from the "
+            f"Hugging Face Hub failed ({type(err).__name__}: {err})"
+        ) from None
+    return _select_text_column(dataset, text_column, streaming)
+
+
+def _select_text_column(dataset, text_column: str, streaming: bool):
+    columns = dataset.column_names
+    if columns is not None and text_column not in columns:
+        raise ValueError(f"the dataset has no column {text_column!r}; its columns are {columns}; pass text_column=...")
+    feature = (dataset.features or {}).get(text_column)
+    if feature is not None and getattr(feature, "dtype", None) not in ("string", "large_string"):
+        raise ValueError(f"column {text_column!r} holds {feature}, not text; pass the column of documents as text_column")
+    dataset = dataset.select_columns([text_column])
+    if text_column != "text":
+        dataset = dataset.rename_column(text_column, "text")
+    if streaming and isinstance(dataset, datasets.Dataset):
+        return dataset.to_iterable_dataset()
+    if isinstance(dataset, datasets.Dataset) and len(dataset) == 0:
+        raise ValueError("the dataset holds no documents")
+    return dataset
+
+
+# ---------------------------------------------------------------------------
+# 2. Sentences
+# ---------------------------------------------------------------------------
+
+# A Latin-script sentence ends with ., !, ?, or … (runs such as "?!" or "..." too), maybe
+# followed by closing quotes or brackets, and then a space. Full-width CJK terminators
+# end a sentence with or without a following space.
+_SENTENCE_END = re.compile(r"(?P<latin>[.!?…]+[\"'”’»)\]]*)(?= )|(?P<cjk>[。！？]+[」』”’)）\]]*)")
+# Abbreviations that end in a period but almost never end a sentence.
+_ABBREVIATIONS = frozenset({"mr", "mrs", "ms", "dr", "prof", "sr", "jr", "st", "vs", "cf", "al", "fig", "approx"})
+
+
+def split_sentences(text: str) -> list[str]:
+    """Split one document into sentences, with simple rules and no dependencies.
+
+    Rules, in order:
+    1. A blank line (a line of only whitespace) always ends a sentence: paragraphs,
+       headings and code blocks never run into each other.
+    2. Inside a paragraph, line breaks are wrapping: lines are joined and every run of
+       whitespace becomes one space.
+    3. A sentence ends after ".", "!", "?" or "…" (runs allowed, closing quotes and
+       brackets included) followed by a space, unless the next word starts with a
+       lowercase letter ("e.g. this"), or the period closes a known abbreviation
+       ("Dr.", "vs.", "et al."), an initial ("J. Smith") or a dotted abbreviation
+       ("e.g.", "U.S.").
+    4. "。", "！" and "？" end a sentence even without a following space.
+
+    Nothing is dropped or changed except whitespace: joining the sentences gives back
+    every non-whitespace character of `text`, in order. Each sentence is non-empty,
+    has no leading or trailing whitespace and no line break.
+
+    >>> split_sentences("BERT reads text. It predicts masked words!\\nDr. Who? yes.")
+    ['BERT reads text.', 'It predicts masked words!', 'Dr. Who? yes.']
+    """
+    sentences: list[str] = []
+    for paragraph in _paragraphs(text):
+        sentences.extend(_split_paragraph(paragraph))
+    return sentences
+
+
+def _paragraphs(text: str) -> Iterator[str]:
+    lines: list[str] = []
+    for line in text.splitlines():
+        if line.strip():
+            lines.append(line)
+        elif lines:
+            yield " ".join(" ".join(lines).split())
+            lines = []
+    if lines:
+        yield " ".join(" ".join(lines).split())
+
+
+def _split_paragraph(paragraph: str) -> list[str]:
+    sentences, start = [], 0
+    for match in _SENTENCE_END.finditer(paragraph):
+        if match.group("latin") is not None and not _is_latin_sentence_end(paragraph, match):
+            continue
+        sentence = paragraph[start : match.end()].strip()
+        if sentence:
+            sentences.append(sentence)
+        start = match.end()
+    rest = paragraph[start:].strip()
+    if rest:
+        sentences.append(rest)
+    return sentences
+
+
+def _is_latin_sentence_end(paragraph: str, match: re.Match) -> bool:
+    next_char = paragraph[match.end() + 1 : match.end() + 2]  # the pattern guarantees a space, then text
+    if next_char.islower():
+        return False
+    if match.group("latin") != ".":
+        return True
+    word = paragraph[paragraph.rfind(" ", 0, match.start()) + 1 : match.start()].lstrip("\"'“‘«([")
+    if word.lower() in _ABBREVIATIONS:
+        return False
+    if len(word) == 1 and word.isupper():  # an initial: "J. Smith"
+        return False
+    return re.fullmatch(r"(?:\w\.)+\w", word) is None  # "e.g", "U.S": dotted abbreviations
+
+
+# ---------------------------------------------------------------------------
+# 3. Tokens
+# ---------------------------------------------------------------------------
+
+
+def _tokenize_batch(batch: dict, tokenizer) -> dict:
+    """{"text": [document]} -> {"sentences": [[token ids of each sentence]]}, dropping empty sentences."""
+    per_document = [split_sentences(text) if text else [] for text in batch["text"]]
+    flat = [sentence for sentences in per_document for sentence in sentences]
+    ids = (
+        tokenizer(
+            flat, add_special_tokens=False, return_attention_mask=False, return_token_type_ids=False, verbose=False
+        )["input_ids"]
+        if flat
+        else []
+    )
+    grouped, position = [], 0
+    for sentences in per_document:
+        grouped.append([sentence_ids for sentence_ids in ids[position : position + len(sentences)] if sentence_ids])
+        position += len(sentences)
+    return {"sentences": grouped}
+
+
+def tokenize_documents(
+    documents: Documents,
+    tokenizer,
+    *,
+    num_proc: int | None = None,
+    batch_size: int = 1000,
+    accelerator=None,
+) -> datasets.Dataset | datasets.IterableDataset:
+    """Split documents into sentences and tokenize them, with `datasets.map(batched=True)`.
+
+    Args:
+        documents: a list of strings, or a `Dataset` / `IterableDataset` with a "text" column.
+        tokenizer: any transformers tokenizer; special tokens are not added here.
+        num_proc: worker processes for `map` (ignored for an `IterableDataset`, which is lazy).
+        batch_size: documents per `map` batch.
+        accelerator: an `accelerate.Accelerator`; when given, the main process maps first and
+            the others then read its cache (for datasets stored on disk).
+
+    Returns:
+        Dataset (IterableDataset for an IterableDataset) with one column "sentences":
+        per document, a list of sentences, each a non-empty list of token ids. Documents
+        keep their order and count (an empty document has no sentences).
+    """
+    if isinstance(documents, (datasets.Dataset, datasets.IterableDataset)):
+        if documents.column_names is not None and "text" not in documents.column_names:
+            raise ValueError(
+                f"the documents dataset needs a 'text' column (it has {documents.column_names}); "
+                "load it with load_documents(..., text_column=...)"
+            )
+        dataset = documents
+    elif isinstance(documents, str):
+        raise ValueError("documents must be a list of strings or a dataset, not one string; wrap it: [text]")
+    else:
+        dataset = datasets.Dataset.from_dict({"text": list(documents)}, features=datasets.Features({"text": datasets.Value("string")}))
+    remove = dataset.column_names if dataset.column_names is not None else ["text"]
+    map_kwargs = {"batched": True, "batch_size": batch_size, "remove_columns": remove, "fn_kwargs": {"tokenizer": tokenizer}}
+    with _main_process_first(accelerator):
+        if isinstance(dataset, datasets.IterableDataset):
+            return dataset.map(_tokenize_batch, features=TOKENIZED_FEATURES, **map_kwargs)
+        return dataset.map(
+            _tokenize_batch, features=TOKENIZED_FEATURES, num_proc=num_proc, desc="Splitting and tokenizing", **map_kwargs
+        )
+
+
+def _main_process_first(accelerator):
+    return accelerator.main_process_first() if accelerator is not None else contextlib.nullcontext()
+
+
+# ---------------------------------------------------------------------------
+# 4. Next-sentence-prediction pairs
+# ---------------------------------------------------------------------------
+
+
+def cut_long_sentences(sentences: Sequence[TokenIds], max_num_tokens: int) -> list[TokenIds]:
+    """Cut every sentence longer than `max_num_tokens` into consecutive pieces of at most that length.
+
+    A sentence that cannot fit into one example (an unpunctuated wall of text) would
+    otherwise be mostly truncated away; as pieces it still yields examples, and its
+    pieces are consecutive text, so IsNext pairs built from them stay true.
+    """
+    pieces: list[TokenIds] = []
+    for sentence in sentences:
+        for start in range(0, len(sentence), max_num_tokens):
+            pieces.append(list(sentence[start : start + max_num_tokens]))
+    return pieces
+
+
+def truncate_pair(tokens_a: TokenIds, tokens_b: TokenIds, max_num_tokens: int, rng: random.Random) -> tuple[TokenIds, TokenIds]:
+    """Shorten the longer segment one token at a time, from a random end, until the pair fits.
+
+    Removing from either end at random (as BERT's data pipeline does) keeps the model
+    from learning that segments always start or end at a sentence boundary. Returns new
+    lists; both keep at least one token when `max_num_tokens >= 2`.
+    """
+    a_start, a_end, b_start, b_end = 0, len(tokens_a), 0, len(tokens_b)
+    while (a_end - a_start) + (b_end - b_start) > max_num_tokens:
+        take_from_a = (a_end - a_start) > (b_end - b_start)
+        from_front = rng.random() < 0.5
+        if take_from_a and from_front:
+            a_start += 1
+        elif take_from_a:
+            a_end -= 1
+        elif from_front:
+            b_start += 1
+        else:
+            b_end -= 1
+    return tokens_a[a_start:a_end], tokens_b[b_start:b_end]
+
+
+def create_pairs_from_document(
+    sentences: Sequence[TokenIds],
+    random_document: Callable[[random.Random], Sequence[TokenIds]] | None,
+    rng: random.Random,
+    *,
+    max_num_tokens: int,
+    short_seq_prob: float = 0.1,
+    nsp_probability: float = 0.5,
+) -> list[tuple[TokenIds, TokenIds, int]]:
+    """Turn one document into (segment A, segment B, next_sentence_label) pairs, as in BERT.
+
+    Args:
+        sentences: the document's sentences as token ids, each non-empty and at most
+            `max_num_tokens` long (see `cut_long_sentences`).
+        random_document: draws the sentences of a *different* document for NotNext
+            pairs; None when there is no other document (then every pair is IsNext).
+        rng: the only source of randomness, so a seed fixes the result.
+        max_num_tokens: room for A and B together (max_seq_length minus 3 special tokens), >= 2.
+        short_seq_prob: probability of aiming for a random shorter length instead, so the
+            model also sees the short inputs it will get at fine-tuning time.
+        nsp_probability: probability that B is taken from a random document (label 1).
+
+    The walk, per document: gather sentences into a chunk until the chunk reaches the
+    target length (or the document ends); cut the chunk at a random sentence boundary
+    into A and B. With probability `nsp_probability`, B is replaced by consecutive
+    sentences from a random position of another document, and the chunk's unused
+    sentences are put back to start the next chunk. Finally the longer segment is
+    truncated from random ends until the pair fits.
+
+    One departure from BERT's script: a chunk of a single sentence is never paired
+    with a random B. It grows by the next sentence instead, and a lone sentence left
+    at the very end of a document is dropped. BERT's script forces such a chunk to
+    NotNext, which skews the labels towards NotNext on short documents (about one extra
+    NotNext per document); here every label is an independent draw, so NotNext has
+    probability exactly `nsp_probability`.
+
+    Returns:
+        list of (tokens_a, tokens_b, label), label 0 = IsNext, 1 = NotNext; each
+        segment non-empty and len(a) + len(b) <= max_num_tokens.
+    """
+    target = max_num_tokens
+    if rng.random() < short_seq_prob:
+        target = rng.randint(2, max_num_tokens)
+    pairs: list[tuple[TokenIds, TokenIds, int]] = []
+    chunk: list[TokenIds] = []
+    chunk_length = 0
+    i = 0
+    while i < len(sentences):
+        chunk.append(sentences[i])
+        chunk_length += len(sentences[i])
+        at_end = i == len(sentences) - 1
+        i += 1
+        if not (at_end or chunk_length >= target):
+            continue
+        if len(chunk) == 1:
+            if at_end:
+                break  # a lone last sentence has no B to pair with (see the docstring)
+            continue  # a single sentence cannot be cut into A and B: take the next one too
+        a_end = rng.randint(1, len(chunk) - 1)
+        tokens_a = [token for sentence in chunk[:a_end] for token in sentence]
+        is_random_next = random_document is not None and rng.random() < nsp_probability
+        if is_random_next:
+            other = random_document(rng)
+            target_b = target - len(tokens_a)
+            tokens_b: TokenIds = []
+            for sentence in other[rng.randrange(len(other)) :]:
+                tokens_b.extend(sentence)
+                if len(tokens_b) >= target_b:
+                    break
+            i -= len(chunk) - a_end  # put the unused sentences back
+        else:
+            tokens_b = [token for sentence in chunk[a_end:] for token in sentence]
+        tokens_a, tokens_b = truncate_pair(tokens_a, tokens_b, max_num_tokens, rng)
+        pairs.append((tokens_a, tokens_b, int(is_random_next)))
+        chunk, chunk_length = [], 0
+    return pairs
+
+
+def _document_rng(seed: int, index: int) -> random.Random:
+    # One generator per document: the result does not depend on batch size, num_proc or order.
+    return random.Random(f"scratchbert-nsp/{seed}/{index}")
+
+
+def _empty_columns() -> dict[str, list]:
+    return {name: [] for name in PRETRAINING_FEATURES}
+
+
+def _append_example(columns: dict[str, list], tokens_a: TokenIds, tokens_b: TokenIds, label: int, cls_id: int, sep_id: int):
+    """[CLS] A [SEP] B [SEP]; token type 0 up to and including the first [SEP], 1 after it."""
+    columns["input_ids"].append([cls_id, *tokens_a, sep_id, *tokens_b, sep_id])
+    columns["token_type_ids"].append([0] * (len(tokens_a) + 2) + [1] * (len(tokens_b) + 1))
+    columns["attention_mask"].append([1] * (len(tokens_a) + len(tokens_b) + NUM_SPECIAL_TOKENS))
+    columns["next_sentence_label"].append(label)
+
+
+def _count_segments(batch: dict, max_num_tokens: int) -> dict:
+    return {"num_segments": [len(cut_long_sentences(sentences, max_num_tokens)) for sentences in batch["sentences"]]}
+
+
+def _pairs_for_batch(batch: dict, indices: list[int], *, documents, seed, max_num_tokens, short_seq_prob, nsp_probability, cls_id, sep_id):
+    """Map function over usable documents; NotNext segments come from anywhere in `documents`."""
+    columns = _empty_columns()
+    for sentences, index in zip(batch["sentences"], indices):
+
+        def random_document(rng: random.Random, index: int = index) -> list[TokenIds]:
+            other = rng.randrange(len(documents) - 1)
+            other += other >= index  # uniform over the other documents
+            return cut_long_sentences(documents[other]["sentences"], max_num_tokens)
+
+        pairs = create_pairs_from_document(
+            cut_long_sentences(sentences, max_num_tokens),
+            random_document if nsp_probability > 0 else None,
+            _document_rng(seed, index),
+            max_num_tokens=max_num_tokens,
+            short_seq_prob=short_seq_prob,
+            nsp_probability=nsp_probability,
+        )
+        for tokens_a, tokens_b, label in pairs:
+            _append_example(columns, tokens_a, tokens_b, label, cls_id, sep_id)
+    return columns
+
+
+def _pairs_for_stream_batch(batch: dict, indices: list[int], *, seed, max_num_tokens, short_seq_prob, nsp_probability, cls_id, sep_id):
+    """Streaming variant: NotNext segments come from the other documents of the same batch."""
+    documents = [cut_long_sentences(sentences, max_num_tokens) for sentences in batch["sentences"]]
+    usable = [position for position, pieces in enumerate(documents) if len(pieces) >= 2]
+    columns = _empty_columns()
+    for slot, position in enumerate(usable):
+
+        def random_document(rng: random.Random, slot: int = slot) -> list[TokenIds]:
+            other = rng.randrange(len(usable) - 1)
+            other += other >= slot
+            return documents[usable[other]]
+
+        pairs = create_pairs_from_document(
+            documents[position],
+            random_document if nsp_probability > 0 and len(usable) > 1 else None,
+            _document_rng(seed, indices[position]),
+            max_num_tokens=max_num_tokens,
+            short_seq_prob=short_seq_prob,
+            nsp_probability=nsp_probability,
+        )
+        for tokens_a, tokens_b, label in pairs:
+            _append_example(columns, tokens_a, tokens_b, label, cls_id, sep_id)
+    return columns
+
+
+def build_pretraining_dataset(
+    documents: Documents,
+    tokenizer,
+    *,
+    max_seq_length: int = 128,
+    short_seq_prob: float = 0.1,
+    nsp_probability: float = 0.5,
+    seed: int = 0,
+    num_proc: int | None = None,
+    accelerator=None,
+    batch_size: int = 1000,
+) -> datasets.Dataset | datasets.IterableDataset:
+    """Build BERT's pretraining examples: `[CLS] A [SEP] B [SEP]` with a next-sentence label.
+
+    Args:
+        documents: a list of strings; a `Dataset` with a "text" column (see `load_documents`);
+            the output of `tokenize_documents` (a "sentences" column: tokenization is then
+            skipped, which is what a loop that re-pairs every epoch wants); or an
+            `IterableDataset` of either, which gives a lazy `IterableDataset` of examples.
+        tokenizer: a transformers tokenizer with [CLS] and [SEP] tokens.
+        max_seq_length: the longest example, special tokens included (>= 5).
+        short_seq_prob: per document, probability of a random shorter target length.
+        nsp_probability: probability that segment B comes from another document (label 1).
+        seed: fixes the pairing; use `seed + epoch` for a new pairing every epoch. Each
+            document draws from its own generator seeded by (seed, document index), so the
+            result does not depend on `num_proc` or `batch_size`.
+        num_proc: worker processes for the `datasets.map` calls.
+        accelerator: an `accelerate.Accelerator`: the main process maps first, the others
+            reuse its cache.
+        batch_size: documents per `map` batch. When streaming it is also the pool that
+            NotNext segments are drawn from (the other documents of the same batch).
+
+    Returns:
+        Dataset with columns input_ids (int32), token_type_ids (0 for `[CLS] A [SEP]`,
+        1 for `B [SEP]`), attention_mask (all 1: no padding yet; the collator pads) and
+        next_sentence_label (0 IsNext, 1 NotNext); every example has at most
+        `max_seq_length` tokens. Examples are in document order: shuffle in the DataLoader.
+
+    Skips, counted and logged: empty documents and documents of a single sentence (after
+    over-long sentences are cut to fit, see `cut_long_sentences`) yield no example, since
+    A and B need two segments. They are not errors; an empty result is.
+
+    Raises:
+        ValueError: max_seq_length below 5; probabilities outside [0, 1]; a tokenizer
+            without [CLS]/[SEP]; no document with two sentences; NotNext pairs requested
+            with only one usable document.
+    """
+    if isinstance(max_seq_length, bool) or not isinstance(max_seq_length, int) or max_seq_length < MIN_MAX_SEQ_LENGTH:
+        raise ValueError(
+            f"max_seq_length={max_seq_length!r} is too small: [CLS] A [SEP] B [SEP] needs {NUM_SPECIAL_TOKENS} special "
+            f"tokens plus at least one token each for A and B; use max_seq_length >= {MIN_MAX_SEQ_LENGTH} (BERT uses 128 and 512)"
+        )
+    for name, value in (("short_seq_prob", short_seq_prob), ("nsp_probability", nsp_probability)):
+        if not 0.0 <= value <= 1.0:
+            raise ValueError(f"{name}={value!r} is not a probability; use a value in [0, 1]")
+    cls_id, sep_id = tokenizer.cls_token_id, tokenizer.sep_token_id
+    if cls_id is None or sep_id is None:
+        raise ValueError("the tokenizer has no [CLS] or [SEP] token; BERT pairs need both (set cls_token and sep_token)")
+    max_num_tokens = max_seq_length - NUM_SPECIAL_TOKENS
+    pair_kwargs = {
+        "seed": seed,
+        "max_num_tokens": max_num_tokens,
+        "short_seq_prob": short_seq_prob,
+        "nsp_probability": nsp_probability,
+        "cls_id": cls_id,
+        "sep_id": sep_id,
+    }
+    columns = getattr(documents, "column_names", None) or []
+    if "sentences" in columns and "text" not in columns:
+        tokenized = documents
+    else:
+        tokenized = tokenize_documents(documents, tokenizer, num_proc=num_proc, batch_size=batch_size, accelerator=accelerator)
+    if isinstance(tokenized, datasets.IterableDataset):
+        return tokenized.map(
+            _pairs_for_stream_batch,
+            batched=True,
+            batch_size=batch_size,
+            with_indices=True,
+            remove_columns=["sentences"],
+            features=PRETRAINING_FEATURES,
+            fn_kwargs=pair_kwargs,
+        )
+
+    with _main_process_first(accelerator):
+        counts = tokenized.map(
+            _count_segments,
+            batched=True,
+            batch_size=batch_size,
+            remove_columns=tokenized.column_names,
+            fn_kwargs={"max_num_tokens": max_num_tokens},
+            num_proc=num_proc,
+            desc="Counting sentences",
+        )["num_segments"]
+        counts = list(counts)
+        usable_indices = [index for index, count in enumerate(counts) if count >= 2]
+        num_empty, num_single = counts.count(0), counts.count(1)
+        if num_empty or num_single:
+            logger.warning(
+                "Skipped %d of %d documents: %d empty, %d of a single sentence (next-sentence pairs need two).",
+                num_empty + num_single, len(counts), num_empty, num_single,
+            )
+        if not usable_indices:
+            raise ValueError(
+                f"no pretraining examples: none of the {len(counts)} documents has two sentences "
+                f"({num_empty} empty, {num_single} of one sentence). Next-sentence pairs need documents of several "
+                "sentences; if your file holds one sentence per line, separate documents by blank lines, not sentences"
+            )
+        if len(usable_indices) < 2 and nsp_probability > 0:
+            raise ValueError(
+                "NotNext pairs take segment B from a different document, but only one document has two sentences; "
+                "add documents (separated by blank lines), or pass nsp_probability=0"
+            )
+        usable = tokenized.select(usable_indices) if len(usable_indices) < len(counts) else tokenized
+        examples = usable.map(
+            _pairs_for_batch,
+            batched=True,
+            batch_size=batch_size,
+            with_indices=True,
+            remove_columns=usable.column_names,
+            features=PRETRAINING_FEATURES,
+            fn_kwargs={"documents": usable, **pair_kwargs},
+            num_proc=num_proc,
+            # The documents ride along in fn_kwargs; fingerprint them by their own fingerprint
+            # rather than by pickling their content.
+            new_fingerprint=Hasher.hash([usable._fingerprint, _pairs_for_batch, pair_kwargs]),
+            desc="Building sentence pairs",
+        )
+    if len(examples) == 0:
+        raise ValueError("no pretraining examples were built from the documents; check that they hold text")
+    labels = examples["next_sentence_label"]
+    logger.info(
+        "Built %d pretraining examples (%d NotNext) from %d documents, max_seq_length=%d, seed=%d.",
+        len(examples), sum(labels), len(usable_indices), max_seq_length, seed,
+    )
+    return examples
+
+
+__all__ = [
+    "MIN_MAX_SEQ_LENGTH",
+    "build_pretraining_dataset",
+    "create_pairs_from_document",
+    "cut_long_sentences",
+    "default_corpus_documents",
+    "load_documents",
+    "split_sentences",
+    "tokenize_documents",
+    "truncate_pair",
+]
