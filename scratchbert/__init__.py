@@ -5,19 +5,10 @@ so `AutoModel.from_pretrained(dir)` (and every `AutoModelFor...` below) builds s
 models from saved checkpoints.
 """
 
-from transformers import (
-    AutoConfig,
-    AutoModel,
-    AutoModelForMaskedLM,
-    AutoModelForMultipleChoice,
-    AutoModelForNextSentencePrediction,
-    AutoModelForPreTraining,
-    AutoModelForQuestionAnswering,
-    AutoModelForSequenceClassification,
-    AutoModelForTokenClassification,
-)
+import transformers
 
-from scratchbert.configuration_scratchbert import ScratchBertConfig
+from scratchbert import modeling_scratchbert
+from scratchbert.configuration_scratchbert import AUTO_MAP, ScratchBertConfig
 from scratchbert.modeling_scratchbert import (
     ScratchBertForMaskedLM,
     ScratchBertForMultipleChoice,
@@ -33,21 +24,24 @@ from scratchbert.modeling_scratchbert import (
 
 __version__ = "0.1.0"
 
-# Auto class -> the scratchbert model it builds for model_type "scratchbert".
-AUTO_CLASSES = {
-    AutoModel: ScratchBertModel,
-    AutoModelForPreTraining: ScratchBertForPreTraining,
-    AutoModelForMaskedLM: ScratchBertForMaskedLM,
-    AutoModelForNextSentencePrediction: ScratchBertForNextSentencePrediction,
-    AutoModelForSequenceClassification: ScratchBertForSequenceClassification,
-    AutoModelForTokenClassification: ScratchBertForTokenClassification,
-    AutoModelForQuestionAnswering: ScratchBertForQuestionAnswering,
-    AutoModelForMultipleChoice: ScratchBertForMultipleChoice,
-}
 
-AutoConfig.register(ScratchBertConfig.model_type, ScratchBertConfig, exist_ok=True)
-for _auto_class, _model_class in AUTO_CLASSES.items():
-    _auto_class.register(ScratchBertConfig, _model_class, exist_ok=True)
+def _register_auto_classes() -> None:
+    """Register every entry of AUTO_MAP with transformers, in-process and for saved checkpoints.
+
+    `AutoX.register` makes `AutoX.from_pretrained` build scratchbert classes here;
+    `register_for_auto_class` makes `save_pretrained` copy the code files beside the weights.
+    """
+    transformers.AutoConfig.register(ScratchBertConfig.model_type, ScratchBertConfig, exist_ok=True)
+    ScratchBertConfig.register_for_auto_class("AutoConfig")
+    for auto_name, target in AUTO_MAP.items():
+        if auto_name == "AutoConfig":
+            continue
+        model_class = getattr(modeling_scratchbert, target.split(".")[-1])
+        getattr(transformers, auto_name).register(ScratchBertConfig, model_class, exist_ok=True)
+        model_class.register_for_auto_class(auto_name)
+
+
+_register_auto_classes()
 
 __all__ = [
     "ScratchBertConfig",

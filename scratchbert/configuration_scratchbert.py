@@ -11,6 +11,23 @@ from transformers import PretrainedConfig
 from transformers.activations import ACT2FN
 
 
+# Which scratchbert class each transformers Auto class builds. `import scratchbert` registers
+# these, and every saved config carries them as `auto_map` (with the code files beside the
+# weights), so `AutoModel.from_pretrained(dir, trust_remote_code=True)` works where scratchbert
+# is not installed.
+AUTO_MAP = {
+    "AutoConfig": "configuration_scratchbert.ScratchBertConfig",
+    "AutoModel": "modeling_scratchbert.ScratchBertModel",
+    "AutoModelForPreTraining": "modeling_scratchbert.ScratchBertForPreTraining",
+    "AutoModelForMaskedLM": "modeling_scratchbert.ScratchBertForMaskedLM",
+    "AutoModelForNextSentencePrediction": "modeling_scratchbert.ScratchBertForNextSentencePrediction",
+    "AutoModelForSequenceClassification": "modeling_scratchbert.ScratchBertForSequenceClassification",
+    "AutoModelForTokenClassification": "modeling_scratchbert.ScratchBertForTokenClassification",
+    "AutoModelForQuestionAnswering": "modeling_scratchbert.ScratchBertForQuestionAnswering",
+    "AutoModelForMultipleChoice": "modeling_scratchbert.ScratchBertForMultipleChoice",
+}
+
+
 class ScratchBertConfig(PretrainedConfig):
     """Configuration of a BERT encoder and its heads.
 
@@ -78,6 +95,7 @@ class ScratchBertConfig(PretrainedConfig):
                 raise ValueError("add_cross_attention=True: scratchbert has no cross-attention (BERT is an encoder).")
             if key == "position_embedding_type" and value not in (None, "absolute"):
                 raise ValueError(f"position_embedding_type={value!r}: scratchbert implements BERT's absolute positions only.")
+        kwargs.setdefault("auto_map", dict(AUTO_MAP))
         # The MLM decoder shares the word-embedding matrix, as in BERT.
         super().__init__(pad_token_id=pad_token_id, tie_word_embeddings=tie_word_embeddings, **kwargs)
         self.validate_sizes()
@@ -129,4 +147,4 @@ def _divisor_hint(hidden_size: int, heads: int) -> int:
     return min(divisors, key=lambda d: abs(d - heads))
 
 
-__all__ = ["ScratchBertConfig"]
+__all__ = ["AUTO_MAP", "ScratchBertConfig"]

@@ -18,10 +18,13 @@ of any transformers BERT checkpoint loads here key for key, with no conversion s
 from __future__ import annotations
 
 import math
+import os
+import pickle
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from safetensors import SafetensorError
 from torch import nn
 from transformers import PreTrainedModel
 from transformers import initialization as init
@@ -419,6 +422,30 @@ class ScratchBertPreTrainedModel(PreTrainedModel):
     _no_split_modules = ["ScratchBertLayer"]
     # Older transformers versions saved the position-id buffer; scratchbert computes positions.
     _keys_to_ignore_on_load_unexpected = [r"embeddings\.position_ids"]
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        """`PreTrainedModel.from_pretrained`, with missing and corrupt checkpoints reported plainly.
+
+        Weights load from safetensors when present, else from `.bin` through
+        `torch.load(weights_only=True)`: a pickle holding anything but tensors is refused.
+        """
+        path = str(pretrained_model_name_or_path)
+        if path.startswith((os.sep, ".", "~")) and not os.path.isdir(os.path.expanduser(path)):
+            raise FileNotFoundError(f"No checkpoint directory at {path}: pass a directory written by save_pretrained.")
+        try:
+            return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+        except pickle.UnpicklingError as err:
+            raise ValueError(
+                f"Refused to load {path}: its .bin weights hold Python objects other than tensors, and scratchbert "
+                f"only unpickles tensors (torch.load(weights_only=True)). Re-save it as safetensors. ({err.__class__.__name__})"
+            ) from None
+        except (SafetensorError, RuntimeError, EOFError) as err:
+            if isinstance(err, RuntimeError) and "PytorchStreamReader" not in str(err):
+                raise  # not a damaged file: e.g. a shape mismatch, whose own message is clear
+            raise ValueError(
+                f"The checkpoint in {path} is corrupt or truncated ({err.__class__.__name__}: {err}); re-save it with save_pretrained or copy it again."
+            ) from None
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
