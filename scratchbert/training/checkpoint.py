@@ -1,0 +1,170 @@
+"""Training checkpoints that a crash cannot damage.
+
+Layout of a run's output directory:
+
+    output_dir/
+      checkpoints/
+        step-200/                 accelerator.save_state(...): model, optimizer, scheduler,
+          trainer_state.json      sampler and every process's RNG streams; plus our own
+        step-400/                 counters (step, epoch, position in the epoch) and the config
+        .tmp-step-600/            a checkpoint being written (ignored, removed on the next save)
+
+Why it is safe: a checkpoint is written into `.tmp-step-N` and only then renamed to
+`step-N`. A rename within one directory is atomic on POSIX filesystems, so `step-N`
+either does not exist or is complete; a process killed mid-write leaves only a
+`.tmp-*` directory, which `list_checkpoints` never returns. `trainer_state.json` is
+written last and checked on load, as a second guard (e.g. against a copy made by hand).
+Old checkpoints are deleted only after the new one is in place.
+
+All processes must call `save_checkpoint` (every rank writes its own RNG state); the
+renames and deletions happen on the main process, between barriers. For multi-node runs
+the output directory must be on a filesystem every node sees.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+CHECKPOINTS = "checkpoints"
+STATE_FILE = "trainer_state.json"
+TMP_PREFIX = ".tmp-"
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+
+# Options that may change when a run is resumed: they affect bookkeeping, not the
+# sequence of weights. Any other difference makes the checkpoint incompatible.
+RESUMABLE_CHANGES = frozenset(
+    {
+        "output_dir", "resume", "overwrite", "max_steps", "eval_every", "save_every", "keep_last",
+        "log_every", "report_to", "progress_bar", "num_workers", "tokenizer", "vocab_size", "lowercase",
+    }
+)  # fmt: skip
+# (the tokenizer of a resumed run is the one saved in output_dir, so its options no longer matter)
+
+
+def checkpoint_dir(output_dir: str | Path, step: int) -> Path:
+    return Path(output_dir) / CHECKPOINTS / f"step-{step}"
+
+
+def list_checkpoints(output_dir: str | Path) -> list[tuple[int, Path]]:
+    """Complete checkpoints as `(step, path)`, oldest first; temporary directories are skipped."""
+    root = Path(output_dir) / CHECKPOINTS
+    if not root.is_dir():
+        return []
+    found = []
+    for path in root.iterdir():
+        match = _STEP_DIR.match(path.name)
+        if match and path.is_dir() and (path / STATE_FILE).is_file():
+            found.append((int(match.group(1)), path))
+    return sorted(found)
+
+
+def latest_checkpoint(output_dir: str | Path) -> Path | None:
+    checkpoints = list_checkpoints(output_dir)
+    return checkpoints[-1][1] if checkpoints else None
+
+
+def _fsync_dir(path: Path) -> None:
+    """Make a rename inside `path` durable (a no-op where directories cannot be opened)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_json(path: Path, values: dict) -> None:
+    """Write JSON and fsync it, so a checkpoint's state file is on disk before the rename."""
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump(values, handle, indent=2)
+        handle.write("\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def save_checkpoint(accelerator, output_dir: str | Path, step: int, trainer_state: dict, keep_last: int) -> Path:
+    """Write `output_dir/checkpoints/step-<step>` atomically and keep only the last `keep_last`.
+
+    Call on every process. `trainer_state` is stored as `trainer_state.json` next to the
+    files of `accelerator.save_state`. Returns the final checkpoint path.
+    """
+    root = Path(output_dir) / CHECKPOINTS
+    final = root / f"step-{step}"
+    tmp = root / f"{TMP_PREFIX}step-{step}"
+    if accelerator.is_main_process:
+        root.mkdir(parents=True, exist_ok=True)
+        for stale in root.glob(f"{TMP_PREFIX}*"):  # left behind by a crash during an earlier save
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp.mkdir()
+    accelerator.wait_for_everyone()
+    accelerator.save_state(str(tmp))
+    if accelerator.is_main_process:
+        write_json(tmp / STATE_FILE, trainer_state)
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        if final.exists():  # the same step saved again (e.g. a resumed run): swap, then delete the old one
+            retired = root / f"{TMP_PREFIX}retired-step-{step}"
+            final.rename(retired)
+            tmp.rename(final)
+            shutil.rmtree(retired, ignore_errors=True)
+        else:
+            tmp.rename(final)
+        _fsync_dir(root)
+        for _, old in list_checkpoints(output_dir)[:-keep_last]:
+            shutil.rmtree(old, ignore_errors=True)
+    accelerator.wait_for_everyone()
+    return final
+
+
+def read_trainer_state(path: str | Path) -> dict:
+    """The `trainer_state.json` of a checkpoint; a clear error if the checkpoint is damaged."""
+    path = Path(path)
+    state_file = path / STATE_FILE
+    if not state_file.is_file():
+        raise ValueError(f"{path} is not a complete checkpoint (no {STATE_FILE}); delete it or resume from another one.")
+    try:
+        state = json.loads(state_file.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{state_file} is damaged ({err}); delete {path} to resume from the checkpoint before it.") from None
+    missing = [key for key in ("step", "epoch", "batches_in_epoch", "config") if key not in state]
+    if missing:
+        raise ValueError(f"{state_file} lacks {', '.join(missing)}: it was not written by scratchbert pretrain.")
+    return state
+
+
+def config_differences(saved: dict, current: dict) -> list[str]:
+    """Options whose change would make a resumed run differ from the run that wrote the checkpoint."""
+    names = sorted((set(saved) | set(current)) - RESUMABLE_CHANGES)
+    return [
+        f"{name}: checkpoint {saved.get(name)!r}, now {current.get(name)!r}"
+        for name in names
+        if saved.get(name) != current.get(name)
+    ]
+
+
+def check_compatible(path: str | Path, current_config: dict) -> dict:
+    """Read a checkpoint's state and raise a ValueError if `current_config` cannot continue it."""
+    state = read_trainer_state(path)
+    differences = config_differences(state["config"], current_config)
+    if differences:
+        raise ValueError(
+            f"the checkpoint {path} was written by a run with different options, so it cannot be resumed "
+            f"exactly:\n  " + "\n  ".join(differences) + "\nUse the same options (or its saved "
+            f"pretrain_config.json via --config), or choose another --output-dir, or pass --overwrite to start over."
+        )
+    return state
+
+
+def load_checkpoint(accelerator, path: str | Path) -> dict:
+    """Restore model, optimizer, scheduler, sampler and RNG streams; return the trainer state."""
+    state = read_trainer_state(path)
+    accelerator.load_state(str(path))
+    return state

@@ -1,0 +1,279 @@
+"""The one configuration object of a pretraining run.
+
+`PretrainConfig` is a dataclass: every knob of `scratchbert pretrain` is a field with a
+default and a one-line help text. A run is configured in three layers, each overriding
+the one before:
+
+    dataclass defaults  <  a YAML or JSON file (`--config run.yaml`)  <  command-line flags
+
+and the model's geometry comes from a named preset unless a field sets it explicitly.
+The presets are the sizes of the BERT miniatures Google released with the paper's
+follow-up ("Well-Read Students Learn Better", Turc et al. 2019) plus BERT-base:
+
+    preset   layers L  hidden H  heads H/64  intermediate 4H
+    tiny          2       128        2            512
+    mini          4       256        4           1024
+    small         4       512        8           2048
+    medium        8       512        8           2048
+    base         12       768       12           3072
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+# (num_hidden_layers, hidden_size); heads and feed-forward width follow BERT's ratios.
+PRESETS: dict[str, tuple[int, int]] = {
+    "tiny": (2, 128),
+    "mini": (4, 256),
+    "small": (4, 512),
+    "medium": (8, 512),
+    "base": (12, 768),
+}
+HEAD_DIM = 64  # every released BERT uses 64-dimensional attention heads
+MIXED_PRECISION_CHOICES = ("no", "bf16", "fp16")
+DEFAULT_VOCAB_SIZE = 8192  # plenty for the embedded corpus; BERT's English vocabularies have ~30k
+
+
+def preset_geometry(name: str) -> dict[str, int]:
+    """The model sizes of a preset: `{"num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size"}`."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; choose one of: {', '.join(PRESETS)}.")
+    layers, hidden = PRESETS[name]
+    return {
+        "num_hidden_layers": layers,
+        "hidden_size": hidden,
+        "num_attention_heads": hidden // HEAD_DIM,
+        "intermediate_size": 4 * hidden,
+    }
+
+
+@dataclass
+class PretrainConfig:
+    """Everything a pretraining run needs; see the module docstring for how it is layered."""
+
+    # --- model geometry (None: taken from the preset) ---
+    preset: str = field(default="tiny", metadata={"help": f"model size: {', '.join(PRESETS)}"})
+    num_hidden_layers: int | None = field(default=None, metadata={"help": "encoder layers L (default: from the preset)"})
+    hidden_size: int | None = field(default=None, metadata={"help": "hidden width H (default: from the preset)"})
+    num_attention_heads: int | None = field(default=None, metadata={"help": "attention heads (default: H/64)"})
+    intermediate_size: int | None = field(default=None, metadata={"help": "feed-forward width (default: 4H)"})
+    max_position_embeddings: int = field(default=512, metadata={"help": "rows of the position table"})
+    hidden_dropout_prob: float = field(default=0.1, metadata={"help": "dropout on hidden states"})
+    attention_probs_dropout_prob: float = field(default=0.1, metadata={"help": "dropout on attention weights"})
+
+    # --- tokenizer ---
+    tokenizer: str | None = field(
+        default=None,
+        metadata={"help": "a saved tokenizer directory or a vocab.txt; default: train one on the training text"},
+    )
+    vocab_size: int | None = field(
+        default=None,
+        metadata={"help": f"vocabulary size: of the tokenizer trained for this run (default {DEFAULT_VOCAB_SIZE}); with --tokenizer it must match"},
+    )
+    lowercase: bool = field(default=True, metadata={"help": "lowercase text (for a tokenizer trained for this run)"})
+
+    # --- data ---
+    train_files: list[str] = field(
+        default_factory=list,
+        metadata={"help": "text files or globs (documents separated by blank lines); default: the embedded corpus"},
+    )
+    dataset: str | None = field(default=None, metadata={"help": "a `datasets` dataset (local directory or hub name)"})
+    text_column: str = field(default="text", metadata={"help": "text column of --dataset"})
+    max_seq_length: int = field(default=128, metadata={"help": "tokens per example, special tokens included"})
+    short_seq_prob: float = field(default=0.1, metadata={"help": "probability of a shorter random target length"})
+    mlm_probability: float = field(default=0.15, metadata={"help": "fraction of tokens chosen for masking"})
+    whole_word_mask: bool = field(default=False, metadata={"help": "mask all ## pieces of a word together"})
+    eval_fraction: float = field(default=0.1, metadata={"help": "fraction of documents held out for evaluation"})
+    num_workers: int = field(default=0, metadata={"help": "DataLoader worker processes"})
+
+    # --- optimisation ---
+    max_steps: int = field(default=600, metadata={"help": "optimizer steps to train for"})
+    batch_size: int = field(default=32, metadata={"help": "examples per device per forward pass"})
+    gradient_accumulation_steps: int = field(default=1, metadata={"help": "forward passes per optimizer step"})
+    learning_rate: float = field(default=1e-3, metadata={"help": "peak learning rate of AdamW"})
+    warmup_ratio: float = field(default=0.06, metadata={"help": "fraction of max_steps spent warming up linearly"})
+    weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay (never on biases or LayerNorm)"})
+    adam_beta1: float = field(default=0.9, metadata={"help": "AdamW beta1"})
+    adam_beta2: float = field(default=0.999, metadata={"help": "AdamW beta2"})
+    adam_epsilon: float = field(default=1e-6, metadata={"help": "AdamW epsilon"})
+    max_grad_norm: float = field(default=1.0, metadata={"help": "gradient clipping norm (0 disables)"})
+    mixed_precision: str = field(default="no", metadata={"help": "no, bf16 (CPU or GPU) or fp16 (GPU only)"})
+    seed: int = field(default=42, metadata={"help": "seed of weights, data order, masks and dropout"})
+
+    # --- bookkeeping ---
+    output_dir: str | None = field(default=None, metadata={"help": "where everything is written (default: runs/<preset>)"})
+    eval_every: int = field(default=100, metadata={"help": "evaluate every N optimizer steps (0: only at the end)"})
+    save_every: int = field(default=200, metadata={"help": "checkpoint every N optimizer steps (0: never)"})
+    keep_last: int = field(default=2, metadata={"help": "checkpoints to keep"})
+    log_every: int = field(default=10, metadata={"help": "log training metrics every N optimizer steps"})
+    resume: bool = field(default=False, metadata={"help": "continue from the latest checkpoint in output_dir"})
+    overwrite: bool = field(default=False, metadata={"help": "start over even if output_dir holds checkpoints"})
+    report_to: str = field(default="auto", metadata={"help": "trackers: auto (TensorBoard when installed), none, or names"})
+    progress_bar: bool = field(default=True, metadata={"help": "show a tqdm bar on the main process"})
+
+    def __post_init__(self) -> None:
+        geometry = preset_geometry(self.preset)
+        hidden = self.hidden_size or geometry["hidden_size"]
+        defaults = {
+            "num_hidden_layers": geometry["num_hidden_layers"],
+            "hidden_size": hidden,
+            "num_attention_heads": max(1, hidden // HEAD_DIM),
+            "intermediate_size": 4 * hidden,
+        }
+        for name, value in defaults.items():
+            if getattr(self, name) is None:
+                setattr(self, name, value)
+        if self.output_dir is None:
+            self.output_dir = str(Path("runs") / self.preset)
+        if isinstance(self.train_files, str):
+            self.train_files = [self.train_files]
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise a ValueError naming the bad value and the fix."""
+        positive = (
+            "num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "max_position_embeddings",
+            "max_seq_length", "max_steps", "batch_size", "gradient_accumulation_steps", "keep_last",
+            "log_every",
+        )  # fmt: skip
+        for name in positive:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"{name}={value!r}: it must be a positive integer.")
+        if self.vocab_size is not None and (not isinstance(self.vocab_size, int) or self.vocab_size <= 5):
+            raise ValueError(f"vocab_size={self.vocab_size!r}: it must be an integer above 5 (the special tokens).")
+        for name in ("eval_every", "save_every", "num_workers"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}={getattr(self, name)!r}: it must be 0 or more.")
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"hidden_size={self.hidden_size} is not divisible by num_attention_heads={self.num_attention_heads}; "
+                "pick a head count that divides the hidden size."
+            )
+        if self.max_seq_length > self.max_position_embeddings:
+            raise ValueError(
+                f"max_seq_length={self.max_seq_length} is longer than max_position_embeddings="
+                f"{self.max_position_embeddings}: the model has no position embedding beyond that. "
+                "Lower --max-seq-length or raise --max-position-embeddings."
+            )
+        if self.max_seq_length < 8:
+            raise ValueError(f"max_seq_length={self.max_seq_length}: it must leave room for [CLS] A [SEP] B [SEP] (use 8 or more).")
+        for name in ("mlm_probability", "eval_fraction"):
+            if not 0.0 < getattr(self, name) < 1.0:
+                raise ValueError(f"{name}={getattr(self, name)!r}: it must be strictly between 0 and 1.")
+        for name in ("short_seq_prob", "warmup_ratio", "hidden_dropout_prob", "attention_probs_dropout_prob"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"{name}={getattr(self, name)!r}: it must be in [0, 1).")
+        if self.learning_rate <= 0:
+            raise ValueError(f"learning_rate={self.learning_rate!r}: it must be positive.")
+        if self.max_grad_norm < 0 or self.weight_decay < 0:
+            raise ValueError("max_grad_norm and weight_decay must be 0 or more.")
+        if self.mixed_precision not in MIXED_PRECISION_CHOICES:
+            raise ValueError(f"mixed_precision={self.mixed_precision!r}: choose one of {', '.join(MIXED_PRECISION_CHOICES)}.")
+        if self.train_files and self.dataset:
+            raise ValueError("give either --train-files or --dataset, not both.")
+        if self.resume and self.overwrite:
+            raise ValueError("--resume and --overwrite contradict each other: pick one.")
+
+    # --- geometry shared with the model config ---
+    def model_kwargs(self) -> dict:
+        """The `ScratchBertConfig` fields this run decides (vocab_size comes from the tokenizer)."""
+        return {
+            "num_hidden_layers": self.num_hidden_layers,
+            "hidden_size": self.hidden_size,
+            "num_attention_heads": self.num_attention_heads,
+            "intermediate_size": self.intermediate_size,
+            "max_position_embeddings": self.max_position_embeddings,
+            "hidden_dropout_prob": self.hidden_dropout_prob,
+            "attention_probs_dropout_prob": self.attention_probs_dropout_prob,
+        }
+
+    # --- files ---
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def save(self, path: str | Path) -> None:
+        """Write the resolved configuration as JSON (it reloads with `from_file`)."""
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n", encoding="utf-8")
+
+    @classmethod
+    def from_dict(cls, values: dict) -> PretrainConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown pretraining option(s): {', '.join(unknown)}. Known options: {', '.join(sorted(known))}.")
+        return cls(**values)
+
+    @classmethod
+    def from_file(cls, path: str | Path, **overrides) -> PretrainConfig:
+        """Load a YAML (.yaml/.yml) or JSON (.json) file; `overrides` win over its values."""
+        return cls.from_dict({**read_config_file(path), **overrides})
+
+
+def read_config_file(path: str | Path) -> dict:
+    """The mapping stored in a YAML or JSON configuration file."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"configuration file {path} does not exist.")
+    text = path.read_text(encoding="utf-8")
+    try:
+        values = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as err:
+        raise ValueError(f"could not parse {path}: {err}") from None
+    if values is None:
+        return {}
+    if not isinstance(values, dict):
+        raise ValueError(f"{path} must hold a mapping of option names to values, not a {type(values).__name__}.")
+    return {key.replace("-", "_"): value for key, value in values.items()}
+
+
+# --- command line -------------------------------------------------------------------
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    """One flag per `PretrainConfig` field, plus `--config FILE`.
+
+    Flags default to `argparse.SUPPRESS`, so the parsed namespace holds only what the user
+    typed; `config_from_args` layers those over the file and the dataclass defaults.
+    """
+    parser.add_argument("--config", metavar="FILE", help="YAML or JSON file of options (flags override it)")
+    hints = typing.get_type_hints(PretrainConfig)
+    for f in dataclasses.fields(PretrainConfig):
+        kind = hints[f.name]
+        help_text = f.metadata.get("help", "")
+        if f.default not in (dataclasses.MISSING, None) and "default" not in help_text:
+            help_text += f" (default: {f.default})"
+        args = typing.get_args(kind)
+        if kind is bool:
+            parser.add_argument(_flag(f.name), action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=help_text)
+        elif typing.get_origin(kind) is list:
+            parser.add_argument(_flag(f.name), nargs="+", metavar="PATH", default=argparse.SUPPRESS, help=help_text)
+        else:
+            base = next((a for a in args if a is not type(None)), kind) if args else kind
+            extra = {"choices": list(PRESETS)} if f.name == "preset" else {}
+            if f.name == "mixed_precision":
+                extra = {"choices": list(MIXED_PRECISION_CHOICES)}
+            metavar = {int: "N", float: "X"}.get(base, "VALUE")
+            if not extra:
+                extra = {"metavar": metavar}
+            parser.add_argument(_flag(f.name), type=base, default=argparse.SUPPRESS, help=help_text, **extra)
+
+
+def config_from_args(args: argparse.Namespace) -> PretrainConfig:
+    """Build the configuration: dataclass defaults < `--config` file < flags typed by the user."""
+    names = {f.name for f in dataclasses.fields(PretrainConfig)}
+    typed = {name: value for name, value in vars(args).items() if name in names}
+    values = read_config_file(args.config) if getattr(args, "config", None) else {}
+    return PretrainConfig.from_dict({**values, **typed})

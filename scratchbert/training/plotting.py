@@ -1,0 +1,67 @@
+"""Training curves as a PNG, drawn from the run's JSONL log (no display needed)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def read_log(path: str | Path) -> list[dict]:
+    """The records of a `train_log.jsonl` (one JSON object per line)."""
+    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+def plot_training_curves(records: list[dict], path: str | Path, title: str = "scratchbert pretraining") -> Path:
+    """Draw training loss and held-out MLM loss / MLM accuracy / NSP accuracy against steps.
+
+    `records` are the log's dicts: `{"type": "train", "step", "loss"}` and
+    `{"type": "eval", "step", "mlm_loss", "mlm_accuracy", "nsp_accuracy"}`.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: works on machines without a display
+    import matplotlib.pyplot as plt
+
+    train = [r for r in records if r.get("type") == "train"]
+    evals = [r for r in records if r.get("type") == "eval"]
+    figure, (loss_axis, accuracy_axis) = plt.subplots(1, 2, figsize=(11, 4))
+    loss_axis.plot([r["step"] for r in train], [r["loss"] for r in train], label="train loss (MLM + NSP)")
+    if evals:
+        loss_axis.plot([r["step"] for r in evals], [r["mlm_loss"] for r in evals], "o-", label="held-out MLM loss")
+        accuracy_axis.plot([r["step"] for r in evals], [r["mlm_accuracy"] for r in evals], "o-", label="held-out MLM accuracy")
+        accuracy_axis.plot([r["step"] for r in evals], [r["nsp_accuracy"] for r in evals], "s-", label="held-out NSP accuracy")
+        accuracy_axis.axhline(0.5, color="grey", linestyle=":", linewidth=1, label="NSP chance")
+    loss_axis.set(xlabel="optimizer step", ylabel="loss", title="loss")
+    accuracy_axis.set(xlabel="optimizer step", ylabel="accuracy", title="held-out accuracy", ylim=(0, 1))
+    for axis in (loss_axis, accuracy_axis):
+        axis.grid(alpha=0.3)
+        axis.legend()
+    figure.suptitle(title)
+    figure.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
+
+
+def plot_loss_comparison(curves: dict[str, tuple[list[int], list[float]]], path: str | Path, title: str) -> Path:
+    """Overlay several loss curves, `{label: (steps, losses)}`, e.g. two models trained identically."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(7, 4))
+    for (label, (steps, losses)), style in zip(curves.items(), ("-", "--", ":", "-.")):
+        axis.plot(steps, losses, style, label=label)
+    axis.set(xlabel="optimizer step", ylabel="training loss", title=title)
+    axis.grid(alpha=0.3)
+    axis.legend()
+    figure.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
