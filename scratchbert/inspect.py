@@ -1,0 +1,303 @@
+"""Look inside a trained BERT: fill in `[MASK]` tokens, and draw what every attention head looks at.
+
+Two questions a reader of the model code soon asks of a real checkpoint:
+
+* *What does the masked-language-model head believe?* `fill_mask` runs the checkpoint on a
+  text with `[MASK]` tokens and ranks the vocabulary at each of them.
+* *Where does each head attend?* `attention_weights` returns one layer's attention
+  probabilities, (heads, tokens, tokens), and `plot_attention` draws them as a grid of
+  heatmaps, one panel per head, queries down the side and keys along the bottom.
+
+Both load any BERT checkpoint folder: one saved by scratchbert, or a transformers BERT
+(`config.json` + weights), since scratchbert keeps BERT's parameter names. The command line
+(`scratchbert fill-mask`, `scratchbert attention-map`) is a thin layer over these functions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from transformers import AutoTokenizer, PreTrainedModel
+from transformers.utils import logging as hf_logging
+
+from scratchbert.modeling_scratchbert import ScratchBertForMaskedLM, ScratchBertModel
+from scratchbert.tokenization import MASK_TOKEN, tokenizer_from_vocab
+
+DEFAULT_TOP_K = 5
+# Heatmap sizing: a panel grows with the number of tokens so their labels stay legible,
+# within bounds that keep a 12-head figure a sensible image.
+PANEL_INCHES_PER_TOKEN = 0.28
+PANEL_INCHES_MIN, PANEL_INCHES_MAX = 3.0, 9.0
+FIGURE_DPI = 100
+
+
+# --------------------------------------------------------------------------------------
+# Loading a checkpoint folder
+# --------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    """Silence transformers' load report and progress bar; this module checks the loaded keys itself."""
+    verbosity = hf_logging.get_verbosity()
+    progress = hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if progress:
+            hf_logging.enable_progress_bar()
+
+
+def _check_model_dir(model_dir: str | Path) -> Path:
+    model_dir = Path(model_dir)
+    if not model_dir.is_dir():
+        raise FileNotFoundError(f"no such model folder: {model_dir} (pass the folder a model was saved to with save_pretrained)")
+    if not (model_dir / "config.json").is_file():
+        raise FileNotFoundError(f"{model_dir} has no config.json: it is not a saved model folder (see save_pretrained).")
+    return model_dir
+
+
+def _vocab_is_cased(vocab_file: Path) -> bool:
+    """True when the vocabulary holds upper-case tokens, i.e. it was built without lowercasing.
+
+    An uncased BERT vocabulary has no upper-case letters outside bracketed special tokens
+    such as `[CLS]`, so lowercasing its input loses nothing; a cased one needs the case kept.
+    """
+    with open(vocab_file, encoding="utf-8") as file:
+        return any(token != token.lower() and not token.startswith("[") for token in (line.rstrip("\n") for line in file))
+
+
+def load_tokenizer(model_dir: str | Path, max_length: int = 512):
+    """The tokenizer saved with a checkpoint.
+
+    A folder with BERT's `vocab.txt` gets scratchbert's WordPiece tokenizer built from it, with
+    the casing recorded in `tokenizer_config.json` (`do_lower_case`) or, when there is none,
+    inferred from the vocabulary. Any other saved tokenizer is loaded with `AutoTokenizer`.
+    """
+    model_dir = Path(model_dir)
+    vocab_file = model_dir / "vocab.txt"
+    config_file = model_dir / "tokenizer_config.json"
+    if vocab_file.is_file():
+        settings = json.loads(config_file.read_text(encoding="utf-8")) if config_file.is_file() else {}
+        lowercase = settings.get("do_lower_case")
+        return tokenizer_from_vocab(
+            vocab_file,
+            lowercase=not _vocab_is_cased(vocab_file) if lowercase is None else bool(lowercase),
+            strip_accents=settings.get("strip_accents"),
+            handle_chinese_chars=settings.get("tokenize_chinese_chars", True),
+            model_max_length=max_length,
+        )
+    if config_file.is_file() or (model_dir / "tokenizer.json").is_file():
+        return AutoTokenizer.from_pretrained(model_dir)
+    raise FileNotFoundError(
+        f"{model_dir} has no tokenizer (no vocab.txt, tokenizer.json or tokenizer_config.json): "
+        "save it next to the model with tokenizer.save_pretrained(folder)."
+    )
+
+
+def load_masked_lm(model_dir: str | Path) -> tuple[ScratchBertForMaskedLM, object]:
+    """A checkpoint's encoder and masked-language-model head, in eval mode, and its tokenizer.
+
+    Raises ValueError when the checkpoint has no trained MLM head (a bare encoder such as a
+    sentence-embedding model): its predictions would come from random weights.
+    """
+    model_dir = _check_model_dir(model_dir)
+    with _quiet_transformers():
+        model, info = ScratchBertForMaskedLM.from_pretrained(model_dir, output_loading_info=True)
+    untrained = sorted(key for key in info["missing_keys"] if not key.startswith("cls.predictions.decoder"))
+    if untrained:
+        raise ValueError(
+            f"{model_dir} has no trained masked-language-model head (missing {', '.join(untrained[:3])}"
+            f"{', ...' if len(untrained) > 3 else ''}): fill-mask needs a checkpoint pretrained with MLM, "
+            "e.g. one saved by `scratchbert pretrain`."
+        )
+    return model.eval(), load_tokenizer(model_dir, model.config.max_position_embeddings)
+
+
+def load_encoder(model_dir: str | Path) -> tuple[ScratchBertModel, object]:
+    """A checkpoint's encoder (any head it carries is left out), in eval mode, and its tokenizer."""
+    model_dir = _check_model_dir(model_dir)
+    with _quiet_transformers():
+        model, info = ScratchBertModel.from_pretrained(model_dir, output_loading_info=True)
+    # The pooler plays no part in attention, and MLM-only checkpoints do not have one.
+    missing = sorted(key for key in info["missing_keys"] if not key.startswith("pooler."))
+    if missing:
+        raise ValueError(
+            f"{model_dir} is not a complete BERT checkpoint: its weights lack {', '.join(missing[:3])}"
+            f"{', ...' if len(missing) > 3 else ''}."
+        )
+    return model.eval(), load_tokenizer(model_dir, model.config.max_position_embeddings)
+
+
+# --------------------------------------------------------------------------------------
+# Fill in the blanks
+# --------------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def fill_mask(model: PreTrainedModel, tokenizer, text: str, top_k: int = DEFAULT_TOP_K) -> list[list[tuple[str, float]]]:
+    """Rank the vocabulary at every `[MASK]` in `text`.
+
+    All masks are predicted together, in one forward pass, each without knowing what the
+    others will be (as in BERT's pretraining). Returns, for each `[MASK]` from left to right,
+    the `top_k` (token, probability) pairs, most probable first.
+    """
+    if not isinstance(top_k, int) or top_k < 1:
+        raise ValueError(f"top_k={top_k!r}: ask for at least 1 prediction.")
+    max_length = model.config.max_position_embeddings
+    encoding = tokenizer(text, truncation=True, max_length=max_length, return_tensors="pt")
+    input_ids = encoding["input_ids"]  # (1, S)
+    positions = (input_ids[0] == tokenizer.mask_token_id).nonzero().flatten()  # indices of [MASK]
+    if len(positions) == 0:
+        where = f" within the first {max_length} tokens" if MASK_TOKEN in text else ""
+        raise ValueError(f"no {MASK_TOKEN} in the text{where}: write {MASK_TOKEN} where a word should be predicted.")
+    device = next(model.parameters()).device
+    logits = model(**{name: tensor.to(device) for name, tensor in encoding.items()}).logits  # (1, S, V)
+    probs = logits[0, positions].float().softmax(dim=-1)  # (masks, V)
+    top = probs.topk(min(top_k, probs.size(-1)), dim=-1)
+    return [
+        [(tokenizer.convert_ids_to_tokens(int(index)), float(p)) for p, index in zip(values, indices)]
+        for values, indices in zip(top.values, top.indices)
+    ]
+
+
+# --------------------------------------------------------------------------------------
+# Attention pictures
+# --------------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def attention_weights(model: ScratchBertModel, tokenizer, text: str, layer: int = -1) -> tuple[list[str], torch.Tensor]:
+    """One layer's attention probabilities for `text`.
+
+    `layer` counts from 0; negative values count from the last layer (-1 = last).
+    Returns the tokens (S of them, special tokens included) and the weights, shape (A, S, S):
+    `weights[h, i, j]` is how much token i (the query) draws from token j (the key) in head h.
+    """
+    num_layers = model.config.num_hidden_layers
+    if not isinstance(layer, int) or not -num_layers <= layer < num_layers:
+        raise ValueError(
+            f"layer {layer!r} does not exist: this model has {num_layers} layers, numbered 0 to {num_layers - 1} "
+            "(or -1 for the last)."
+        )
+    encoding = tokenizer(text, truncation=True, max_length=model.config.max_position_embeddings, return_tensors="pt")
+    device = next(model.parameters()).device
+    output = model(**{name: tensor.to(device) for name, tensor in encoding.items()}, output_attentions=True)
+    tokens = tokenizer.convert_ids_to_tokens(encoding["input_ids"][0].tolist())
+    return tokens, output.attentions[layer][0].float().cpu()  # (A, S, S)
+
+
+def plot_attention(tokens: list[str], weights: torch.Tensor, title: str | None = None) -> Figure:
+    """Draw each head's (S, S) attention weights as one heatmap panel of a grid.
+
+    weights: (A, S, S), rows are queries and columns keys, so every row sums to 1. All
+    panels share one colour scale, 0 to 1, so heads can be compared by eye. Returns a
+    matplotlib `Figure` (Agg canvas, no display needed) with one heatmap axes per head
+    plus a colour bar.
+    """
+    if weights.dim() != 3 or weights.size(1) != weights.size(2):
+        raise ValueError(f"weights must have shape (heads, tokens, tokens), got {tuple(weights.shape)}.")
+    num_heads, seq, _ = weights.shape
+    if len(tokens) != seq:
+        raise ValueError(f"{len(tokens)} tokens given for attention weights over {seq} positions.")
+    cols = math.ceil(math.sqrt(num_heads))
+    rows = math.ceil(num_heads / cols)
+    panel = min(max(PANEL_INCHES_MIN, PANEL_INCHES_PER_TOKEN * seq), PANEL_INCHES_MAX)
+    label_size = max(4.0, min(9.0, 160 / seq))  # shrink the tick labels as the token count grows
+
+    figure = Figure(figsize=(cols * panel + 1.5, rows * panel + 1.0), dpi=FIGURE_DPI, layout="constrained")
+    FigureCanvasAgg(figure)  # render off-screen: no display, works on servers and in tests
+    cells = list(figure.subplots(rows, cols, squeeze=False).flat)
+    panels = cells[:num_heads]
+    for unused in cells[num_heads:]:  # the grid can have more cells than heads
+        figure.delaxes(unused)
+    for head, ax in enumerate(panels):
+        image = ax.imshow(weights[head].numpy(), vmin=0.0, vmax=1.0, cmap="viridis", interpolation="nearest")
+        ax.set_title(f"head {head}", fontsize=10)
+        ax.set_xticks(range(seq), tokens, rotation=90, fontsize=label_size)
+        ax.set_yticks(range(seq), tokens, fontsize=label_size)
+        ax.set_xlabel("key (attended to)", fontsize=8)
+        ax.set_ylabel("query", fontsize=8)
+    figure.colorbar(image, ax=panels, shrink=0.6, label="attention weight")
+    if title:
+        figure.suptitle(title)
+    return figure
+
+
+def save_figure(figure: Figure, out: str | Path) -> Path:
+    """Write `figure` to `out` (format from the suffix, e.g. .png); the folder must exist."""
+    out = Path(out)
+    if not out.parent.is_dir():
+        raise FileNotFoundError(f"cannot write {out}: the folder {out.parent} does not exist; create it first.")
+    figure.savefig(out, dpi=FIGURE_DPI)
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# Command line
+# --------------------------------------------------------------------------------------
+
+
+def _quiet_cli() -> None:
+    # The commands check the loaded weights themselves; transformers' load report would
+    # only bury their one line of output.
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+
+
+def run_fill_mask(args: argparse.Namespace) -> int:
+    _quiet_cli()
+    model, tokenizer = load_masked_lm(args.model)
+    predictions = fill_mask(model, tokenizer, args.text, args.top_k)
+    for number, ranked in enumerate(predictions, start=1):
+        print(f"{MASK_TOKEN} {number} of {len(predictions)}:")
+        width = max(len(token) for token, _ in ranked)
+        for rank, (token, probability) in enumerate(ranked, start=1):
+            print(f"  {rank:>2}. {token:<{width}}  {probability:.4f}")
+    return 0
+
+
+def run_attention_map(args: argparse.Namespace) -> int:
+    _quiet_cli()
+    model, tokenizer = load_encoder(args.model)
+    tokens, weights = attention_weights(model, tokenizer, args.text, args.layer)
+    layer = args.layer % model.config.num_hidden_layers
+    figure = plot_attention(tokens, weights, title=f"{args.model}: layer {layer} of 0-{model.config.num_hidden_layers - 1}")
+    out = save_figure(figure, args.out)
+    print(f"wrote {out}: layer {layer}, {weights.size(0)} heads, {len(tokens)} tokens")
+    return 0
+
+
+def add_cli(subparsers) -> None:
+    """Add `fill-mask` and `attention-map` to the `scratchbert` command line."""
+    fill = subparsers.add_parser(
+        "fill-mask",
+        help="predict the tokens hidden behind [MASK] with a pretrained checkpoint",
+        description="Print the most probable tokens, with their probabilities, at every [MASK] in TEXT.",
+    )
+    fill.add_argument("text", help='text containing [MASK], e.g. "the capital of france is [MASK]."')
+    fill.add_argument("--model", required=True, help="checkpoint folder with an MLM head (config.json, weights, tokenizer)")
+    fill.add_argument("--top-k", type=int, default=DEFAULT_TOP_K, help=f"predictions per [MASK] (default {DEFAULT_TOP_K})")
+    fill.set_defaults(func=run_fill_mask)
+
+    attention = subparsers.add_parser(
+        "attention-map",
+        help="draw every attention head of one layer as heatmaps",
+        description="Run TEXT through the checkpoint and draw each head's attention weights, tokens on both axes.",
+    )
+    attention.add_argument("text", help="text to run through the model")
+    attention.add_argument("--model", required=True, help="checkpoint folder (config.json, weights, tokenizer)")
+    attention.add_argument("--layer", type=int, default=-1, help="layer to draw, from 0; negative counts from the end (default -1, the last)")
+    attention.add_argument("--out", required=True, help="image file to write, e.g. attention.png")
+    attention.set_defaults(func=run_attention_map)
