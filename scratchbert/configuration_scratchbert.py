@@ -100,6 +100,14 @@ class ScratchBertConfig(PretrainedConfig):
         super().__init__(pad_token_id=pad_token_id, tie_word_embeddings=tie_word_embeddings, **kwargs)
         self.validate_sizes()
 
+    @classmethod
+    def get_config_dict(cls, pretrained_model_name_or_path, **kwargs):
+        """Read a config.json; a transformers BERT one (model_type "bert", or none as in old files) is ours to read."""
+        config_dict, kwargs = super().get_config_dict(pretrained_model_name_or_path, **kwargs)
+        if config_dict.get("model_type") in (None, "bert"):
+            config_dict = {**config_dict, "model_type": cls.model_type}
+        return config_dict, kwargs
+
     @property
     def head_dim(self) -> int:
         """Width `d_k` of one attention head: H / A."""

@@ -17,7 +17,6 @@ of any transformers BERT checkpoint loads here key for key, with no conversion s
 
 from __future__ import annotations
 
-import math
 import os
 import pickle
 from dataclasses import dataclass
@@ -40,6 +39,7 @@ from transformers.modeling_outputs import (
 )
 from transformers.utils import ModelOutput
 
+from .bert_padding import PackedSequences, labelled_tokens, pack_sequences, packed_attention, pad, unpad
 from .configuration_scratchbert import ScratchBertConfig
 
 IGNORE_INDEX = -100  # label value that contributes no loss, everywhere in scratchbert
@@ -109,7 +109,7 @@ def eager_attention(
     Returns the context (B, A, S, D) and the attention probabilities (B, A, S, S).
     """
     scores = query @ key.transpose(-1, -2)  # (B, A, S, S): how well each query matches each key
-    scores = scores / math.sqrt(query.size(-1))  # keeps the logits' variance ~1 whatever D is
+    scores = scores * query.size(-1) ** -0.5  # divide by sqrt(D): keeps the logits' variance ~1 whatever D is
     if mask is not None:
         scores = scores + mask  # padded keys -> most negative number
     probs = scores.softmax(dim=-1)  # each query's weights over keys sum to 1
@@ -143,7 +143,9 @@ class ScratchBertSelfAttention(nn.Module):
     """Project to queries, keys and values, split into heads, attend, merge the heads back.
 
     Shapes: hidden_states (B, S, H), mask (B, 1, 1, S) -> context (B, S, H),
-    and attention probabilities (B, A, S, S) when asked for (else None).
+    and attention probabilities (B, A, S, S) when asked for (else None). On the padding-free
+    path (see `bert_padding.py`) hidden_states are the batch's T real tokens, (T, H), and
+    `mask` is a `PackedSequences` saying where each sequence lies.
     """
 
     def __init__(self, config: ScratchBertConfig):
@@ -162,16 +164,19 @@ class ScratchBertSelfAttention(nn.Module):
         return x.transpose(1, 2)  # (B, A, S, D)
 
     def forward(
-        self, hidden_states: torch.Tensor, mask: torch.Tensor | None, output_attentions: bool = False
+        self, hidden_states: torch.Tensor, mask: torch.Tensor | PackedSequences | None, output_attentions: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        query = self.split_heads(self.query(hidden_states))
-        key = self.split_heads(self.key(hidden_states))
-        value = self.split_heads(self.value(hidden_states))
-
         # The fused kernel cannot return probabilities: use the written-out math when asked.
         implementation = "eager" if output_attentions else self.config._attn_implementation
         attend = ATTENTION_FUNCTIONS[implementation]
         dropout_p = self.dropout_p if self.training else 0.0
+        if isinstance(mask, PackedSequences):  # padding-free path: (T, H) in, (T, H) out
+            q, k, v = self.query(hidden_states), self.key(hidden_states), self.value(hidden_states)
+            return packed_attention(q, k, v, mask, self.num_heads, attend, dropout_p), None
+
+        query = self.split_heads(self.query(hidden_states))
+        key = self.split_heads(self.key(hidden_states))
+        value = self.split_heads(self.value(hidden_states))
         context, probs = attend(query, key, value, mask, dropout_p)  # (B, A, S, D)
 
         batch, _, seq, _ = context.shape
@@ -525,6 +530,11 @@ class ScratchBertModel(ScratchBertPreTrainedModel):
     Shapes: input_ids, attention_mask, token_type_ids (B, S) ->
     last_hidden_state (B, S, H), pooler_output (B, H),
     hidden_states L + 1 x (B, S, H) and attentions L x (B, A, S, S) when asked for.
+
+    When the batch has padding, the layers run on its real tokens only (`bert_padding.py`):
+    the outputs at real positions are the padded computation's, and padded positions hold
+    zeros. A call with output_attentions=True, or with `padding_free = False`, takes the
+    padded path, which also computes a (meaningless) vector at every padded position.
     """
 
     def __init__(self, config: ScratchBertConfig, add_pooling_layer: bool = True):
@@ -532,6 +542,7 @@ class ScratchBertModel(ScratchBertPreTrainedModel):
         self.embeddings = ScratchBertEmbeddings(config)
         self.encoder = ScratchBertEncoder(config)
         self.pooler = ScratchBertPooler(config) if add_pooling_layer else None
+        self.padding_free = True  # skip padded positions in the layers (not saved; a speed switch)
         self.post_init()
 
     def get_input_embeddings(self) -> nn.Embedding:
@@ -568,9 +579,19 @@ class ScratchBertModel(ScratchBertPreTrainedModel):
         mask = None
         if attention_mask is not None and not bool(attention_mask.all()):
             dtype = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else hidden_states.dtype
-            mask = additive_attention_mask(attention_mask, dtype)  # (B, 1, 1, S)
+            if self.padding_free and not output_attentions:
+                # Padding-free: each sequence's real tokens, packed into (T, H), attend among themselves.
+                mask = pack_sequences(attention_mask, lambda keep: additive_attention_mask(keep, dtype))
+            else:
+                mask = additive_attention_mask(attention_mask, dtype)  # (B, 1, 1, S)
 
-        encoded = self.encoder(hidden_states, mask, output_attentions, output_hidden_states)
+        if isinstance(mask, PackedSequences):
+            encoded = self.encoder(unpad(hidden_states, mask), mask, False, output_hidden_states)  # (T, H)
+            encoded.last_hidden_state = pad(encoded.last_hidden_state, mask)  # (B, S, H), zeros at padding
+            if output_hidden_states:
+                encoded.hidden_states = tuple(pad(h, mask) for h in encoded.hidden_states)
+        else:
+            encoded = self.encoder(hidden_states, mask, output_attentions, output_hidden_states)
         sequence_output = encoded.last_hidden_state
         pooled_output = self.pooler(sequence_output) if self.pooler is not None else None
 
@@ -605,6 +626,19 @@ class _MaskedLMMixin:
         self.cls.predictions.decoder = new_embeddings
         self.cls.predictions.bias = new_embeddings.bias
 
+    def mlm_logits(self, sequence_output: torch.Tensor, labels: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """MLM scores, and the labels lined up with them.
+
+        Training with labels: sparse prediction (`bert_padding.labelled_tokens`), the head runs only
+        at the N labelled positions -> logits (N, V), labels (N,); the loss is the dense one's.
+        Otherwise (eval, inference, no labels): every position -> logits (B, S, V), labels as given.
+        """
+        if self.training and labels is not None:
+            hidden, labels = labelled_tokens(sequence_output, labels)  # (N, H), (N,)
+        else:
+            hidden = sequence_output
+        return self.cls.predictions(hidden), labels
+
 
 @dataclass
 class ScratchBertForPreTrainingOutput(ModelOutput):
@@ -612,6 +646,8 @@ class ScratchBertForPreTrainingOutput(ModelOutput):
 
     loss: MLM loss + NSP loss (when both label sets are given), prediction_logits (B, S, V),
     seq_relationship_logits (B, 2), hidden_states and attentions as in `ScratchBertModel`.
+    In training mode with labels, prediction_logits holds only the labelled positions, (N, V),
+    in row-major order (`labels[labels != -100]` are their targets): see `mlm_logits`.
     """
 
     loss: torch.Tensor | None = None
@@ -655,12 +691,12 @@ class ScratchBertForPreTraining(_MaskedLMMixin, ScratchBertPreTrainedModel):
         encoded = self.bert(
             input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, output_attentions, output_hidden_states
         )
-        prediction_logits = self.cls.predictions(encoded.last_hidden_state)  # (B, S, V)
+        prediction_logits, mlm_labels = self.mlm_logits(encoded.last_hidden_state, labels)  # (B, S, V) or (N, V)
         seq_relationship_logits = self.cls.seq_relationship(encoded.pooler_output)  # (B, 2)
 
         loss = None
         if labels is not None and next_sentence_label is not None:
-            loss = cross_entropy(prediction_logits, labels) + cross_entropy(seq_relationship_logits, next_sentence_label)
+            loss = cross_entropy(prediction_logits, mlm_labels) + cross_entropy(seq_relationship_logits, next_sentence_label)
         elif labels is not None or next_sentence_label is not None:
             raise ValueError(
                 "ScratchBertForPreTraining needs both labels (MLM) and next_sentence_label (NSP) for a loss; "
@@ -679,7 +715,7 @@ class ScratchBertForPreTraining(_MaskedLMMixin, ScratchBertPreTrainedModel):
 
 
 class ScratchBertForMaskedLM(_MaskedLMMixin, ScratchBertPreTrainedModel):
-    """The MLM head alone (no pooler): fill in `[MASK]` tokens. logits (B, S, V).
+    """The MLM head alone (no pooler): fill in `[MASK]` tokens. logits (B, S, V); (N, V) in training with labels.
 
     Its loss is token-level, so under `Trainer`'s gradient accumulation it normalises by the
     labelled-token count of the whole accumulated batch (`num_items_in_batch`).
@@ -709,8 +745,8 @@ class ScratchBertForMaskedLM(_MaskedLMMixin, ScratchBertPreTrainedModel):
         encoded = self.bert(
             input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, output_attentions, output_hidden_states
         )
-        logits = self.cls.predictions(encoded.last_hidden_state)  # (B, S, V)
-        loss = cross_entropy(logits, labels, num_items_in_batch) if labels is not None else None
+        logits, mlm_labels = self.mlm_logits(encoded.last_hidden_state, labels)  # (B, S, V) or (N, V)
+        loss = cross_entropy(logits, mlm_labels, num_items_in_batch) if labels is not None else None
         return _finish(
             MaskedLMOutput(loss=loss, logits=logits, hidden_states=encoded.hidden_states, attentions=encoded.attentions),
             return_dict,
