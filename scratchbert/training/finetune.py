@@ -1,0 +1,640 @@
+"""Fine-tuning BERT checkpoints with `transformers.Trainer`.
+
+`scratchbert finetune` turns any scratchbert or transformers BERT checkpoint (with its
+tokenizer) into a text classifier, in five steps that each have a function here:
+
+1. `load_splits`            read train / validation / test from local CSV, JSON or JSONL
+                            files, or from a `datasets` name.
+2. `check_text_columns`,    validate the columns and turn string or integer labels into
+   `label_names_of`,        ids `0..K-1`, whose names go into the config as `id2label`.
+   `encode_labels`
+3. `load_sequence_classifier`  load the checkpoint into `ScratchBertForSequenceClassification`
+                            (scratchbert keeps BERT's state-dict names, so transformers BERT
+                            checkpoints load too), checking the size of an existing head.
+4. `make_trainer`           a `Trainer` with `processing_class=tokenizer` and dynamic padding,
+                            correct under gradient accumulation (see there).
+5. `finetune_text_classification`  train with evaluation each epoch, keep the best epoch,
+                            save model + tokenizer + metrics with `save_pretrained`.
+
+The metric helpers for token classification and question answering
+(`token_classification_metrics`, `span_metrics`) work with the same `make_trainer`.
+
+Shapes: N = examples, T = tokens per example (padded), K = number of labels.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+METRICS = ("accuracy", "macro_f1")  # what each evaluation reports; either can pick the best epoch
+LABEL_KINDS = {  # Arrow dtype of a label column -> how its values become label names
+    **dict.fromkeys(("string", "large_string"), "string"),
+    **dict.fromkeys(("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"), "integer"),
+    "bool": "integer",  # False/True are the integers 0/1
+}
+FILE_FORMATS = {".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json"}
+HEAD_KEY = "classifier.weight"  # (K, H) weight of BERT's classification head, in every BERT checkpoint
+
+
+# ---------------------------------------------------------------------------
+# 1. Data: local files or a `datasets` name -> {"train", "validation", ("test")}
+# ---------------------------------------------------------------------------
+
+
+def _file_format(path: Path) -> str:
+    """`datasets` builder name for a data file, looking through a `.gz`/`.bz2`/`.xz` suffix."""
+    suffixes = [s for s in path.suffixes if s not in (".gz", ".bz2", ".xz", ".zst")]
+    if not suffixes or suffixes[-1].lower() not in FILE_FORMATS:
+        raise ValueError(f"{path}: unknown data file type; use .csv, .tsv, .json or .jsonl (optionally .gz).")
+    return FILE_FORMATS[suffixes[-1].lower()]
+
+
+def _load_files(files: Sequence[str | Path], split: str):
+    """Read one split from local files (all of one format) into a `datasets.Dataset`."""
+    import datasets
+
+    paths = [Path(f) for f in files]
+    for path in paths:
+        if not path.is_file():
+            raise FileNotFoundError(f"{split} data file not found: {path}")
+    formats = {_file_format(path) for path in paths}
+    if len(formats) > 1:
+        raise ValueError(f"{split} files mix formats ({', '.join(sorted(formats))}); give files of one kind per split.")
+    builder = formats.pop()
+    options = {"delimiter": "\t"} if all(p.suffixes and ".tsv" in p.suffixes for p in paths) else {}
+    try:
+        return datasets.load_dataset(builder, data_files=[str(p) for p in paths], split="train", **options)
+    except datasets.exceptions.DatasetGenerationError as err:
+        # e.g. a JSON column holding strings in some rows and numbers in others
+        cause = err.__cause__ or err
+        raise ValueError(f"could not read {split} data from {', '.join(map(str, paths))}: {cause}") from None
+    except ValueError as err:
+        if "corresponds to no data" in str(err):  # how `datasets` reports files without a single row
+            raise ValueError(f"the {split} data is empty: {', '.join(map(str, paths))} holds no rows.") from None
+        raise
+
+
+def load_splits(
+    train_files: Sequence[str | Path] | None = None,
+    validation_files: Sequence[str | Path] | None = None,
+    test_files: Sequence[str | Path] | None = None,
+    dataset_name: str | None = None,
+    dataset_config: str | None = None,
+    train_split: str = "train",
+    validation_split: str | None = None,
+    test_split: str | None = None,
+    validation_fraction: float = 0.1,
+    max_train_samples: int | None = None,
+    max_eval_samples: int | None = None,
+    seed: int = 42,
+):
+    """Load the data splits for fine-tuning.
+
+    Give either local `train_files` (CSV/TSV/JSON/JSONL, optionally gzipped) with optional
+    `validation_files`/`test_files`, or a `dataset_name` for `datasets.load_dataset` with
+    split names. Without a validation split, `validation_fraction` of train is held out.
+    `max_*_samples` take a seeded random subset (files are often sorted by label).
+
+    Returns:
+        `datasets.DatasetDict` with "train", "validation" and, when asked for, "test".
+    """
+    import datasets
+
+    if (train_files is None) == (dataset_name is None):
+        raise ValueError("give either local train files (--train-file) or a datasets name (--dataset), not both or neither.")
+    if train_files is not None:
+        splits = {"train": _load_files(train_files, "train")}
+        for name, files in (("validation", validation_files), ("test", test_files)):
+            if files:
+                splits[name] = _load_files(files, name)
+    else:
+        try:
+            loaded = datasets.load_dataset(dataset_name, dataset_config)
+        except (FileNotFoundError, ConnectionError, ValueError, datasets.exceptions.DatasetNotFoundError) as err:
+            raise ValueError(
+                f"could not load dataset {dataset_name!r}: {err}. Without network access, pass local files with --train-file."
+            ) from None
+        if not isinstance(loaded, datasets.DatasetDict):
+            loaded = datasets.DatasetDict({"train": loaded})
+        # without an explicit choice, a split named "validation" is used when the dataset has one
+        if validation_split is None and "validation" in loaded:
+            validation_split = "validation"
+        splits = {}
+        for name, split in (("train", train_split), ("validation", validation_split), ("test", test_split)):
+            if split is None:
+                continue
+            if split not in loaded:
+                raise ValueError(f"dataset {dataset_name!r} has no split {split!r} (it has: {', '.join(loaded)}).")
+            splits[name] = loaded[split]
+
+    if len(splits["train"]) == 0:
+        raise ValueError("the training data is empty: there are no rows to fine-tune on.")
+    if "validation" not in splits:
+        if not 0 < validation_fraction < 1:
+            raise ValueError(f"validation_fraction must be between 0 and 1, got {validation_fraction}.")
+        if len(splits["train"]) < 2:
+            raise ValueError("the training data has one row: give a separate validation file (--validation-file).")
+        held_out = splits["train"].train_test_split(test_size=validation_fraction, seed=seed)
+        splits["train"], splits["validation"] = held_out["train"], held_out["test"]
+        logger.info("held out %d of the training rows for validation", len(splits["validation"]))
+    for name, split in splits.items():
+        if len(split) == 0:
+            raise ValueError(f"the {name} data is empty: it has no rows to evaluate on.")
+        limit = max_train_samples if name == "train" else max_eval_samples
+        if limit is not None and limit < len(split):
+            splits[name] = split.shuffle(seed=seed).select(range(limit))
+    return datasets.DatasetDict(splits)
+
+
+# ---------------------------------------------------------------------------
+# 2. Columns and labels
+# ---------------------------------------------------------------------------
+
+
+def check_text_columns(splits, text_column: str, text_pair_column: str | None, label_column: str) -> None:
+    """Fail early, naming the fix, when a column is missing or a text cell is empty."""
+    for name, split in splits.items():
+        columns = split.column_names
+        wanted = [(text_column, "--text-column"), (label_column, "--label-column")]
+        if text_pair_column is not None:
+            wanted.append((text_pair_column, "--text-pair-column"))
+        for column, flag in wanted:
+            if column not in columns:
+                raise ValueError(
+                    f"the {name} data has no column {column!r} (its columns: {', '.join(columns)}); "
+                    f"name the right one with {flag}."
+                )
+        for column in (text_column, text_pair_column):
+            if column is None:
+                continue
+            for row, text in enumerate(split[column]):
+                if not isinstance(text, str):
+                    raise ValueError(f"{name} row {row}: column {column!r} holds {text!r}, not a text string.")
+
+
+def label_names_of(splits, label_column: str) -> list[str]:
+    """Label names in id order, from the label column of every split.
+
+    A `datasets.ClassLabel` column keeps its own names. String labels are sorted; integer
+    labels are sorted by value and named by their value ("0", "1", ...), so labels that
+    already are `0..K-1` keep their ids.
+    """
+    from datasets import ClassLabel, Value
+
+    feature = splits["train"].features[label_column]
+    if isinstance(feature, ClassLabel):
+        return list(feature.names)
+    kinds = set()
+    for name, split in splits.items():
+        feature = split.features[label_column]
+        kind = LABEL_KINDS.get(feature.dtype) if isinstance(feature, Value) else None
+        if kind is None:
+            example = next((value for value in split[label_column] if value is not None), None)
+            raise ValueError(
+                f"labels must be strings or integers, but column {label_column!r} of the {name} data holds "
+                f"{getattr(feature, 'dtype', type(feature).__name__)} values (e.g. {example!r}). "
+                "Map them to class names or integer ids first (regression is not supported)."
+            )
+        kinds.add(kind)
+    if len(kinds) > 1:
+        raise ValueError(f"column {label_column!r} holds strings in one split and integers in another; use one kind.")
+    values = set()
+    for name, split in splits.items():
+        for row, value in enumerate(split[label_column]):
+            if value is None:
+                raise ValueError(f"{name} row {row} has no label in column {label_column!r}.")
+            values.add(value)
+    if kinds == {"integer"}:
+        return [str(int(value)) for value in sorted(values)]
+    return sorted(values)
+
+
+def encode_labels(splits, label_column: str, label_names: Sequence[str]):
+    """Add a "labels" column of ids `0..K-1` (what the model's loss takes)."""
+    from datasets import ClassLabel
+
+    label2id = {name: i for i, name in enumerate(label_names)}
+    is_class_label = isinstance(splits["train"].features[label_column], ClassLabel)
+
+    def to_ids(batch):
+        if is_class_label:
+            return {"labels": batch[label_column]}
+        return {"labels": [label2id[str(int(v)) if isinstance(v, (bool, int)) else v] for v in batch[label_column]]}
+
+    return splits.map(to_ids, batched=True, desc="encoding labels")
+
+
+def tokenize_splits(splits, tokenizer, text_column: str, text_pair_column: str | None, max_length: int):
+    """Tokenize to `input_ids`/`token_type_ids`/`attention_mask` (unpadded: the collator pads per batch)."""
+
+    def tokenize(batch):
+        pair = batch[text_pair_column] if text_pair_column is not None else None
+        return tokenizer(batch[text_column], pair, truncation=True, max_length=max_length)
+
+    tokenized = {}
+    for name, split in splits.items():
+        drop = [column for column in split.column_names if column != "labels"]
+        tokenized[name] = split.map(tokenize, batched=True, remove_columns=drop, desc=f"tokenizing {name}")
+    return type(splits)(tokenized)
+
+
+# ---------------------------------------------------------------------------
+# 3. Model: checkpoint -> sequence classifier
+# ---------------------------------------------------------------------------
+
+
+def checkpoint_head_size(checkpoint: str | Path, key: str = HEAD_KEY) -> int | None:
+    """Rows of the checkpoint's head weight `key` (its number of labels), or None if it has no such head.
+
+    Reads only the tensor's shape: safetensors headers, or a `pytorch_model.bin` mapped
+    from disk without copying its tensors into memory.
+    """
+    from safetensors import safe_open
+
+    folder = Path(checkpoint)
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        shard = json.loads(index.read_text())["weight_map"].get(key)
+        files = [folder / shard] if shard else []
+    else:
+        files = [folder / "model.safetensors"]
+    for file in files:
+        if file.is_file():
+            with safe_open(str(file), framework="pt") as weights:
+                return weights.get_slice(key).get_shape()[0] if key in weights.keys() else None
+    binary = folder / "pytorch_model.bin"
+    if binary.is_file():
+        import torch
+
+        state = torch.load(binary, map_location="cpu", weights_only=True, mmap=True)
+        return state[key].shape[0] if key in state else None
+    return None
+
+
+def load_tokenizer(path: str | Path):
+    """`AutoTokenizer` from a folder, with an error that says what to pass instead."""
+    from transformers import AutoTokenizer
+
+    if not Path(path).is_dir():
+        raise FileNotFoundError(f"tokenizer folder not found: {path}")
+    try:
+        return AutoTokenizer.from_pretrained(str(path))
+    except (OSError, ValueError, KeyError) as err:
+        raise ValueError(
+            f"could not load a tokenizer from {path} ({str(err).splitlines()[0]}). Pass --tokenizer with a folder "
+            "saved by save_pretrained (e.g. by `scratchbert train-tokenizer`)."
+        ) from None
+
+
+def load_sequence_classifier(checkpoint: str | Path, label_names: Sequence[str], reinit_head: bool = False, model_class=None):
+    """Load `checkpoint` as a classifier over `label_names` (id order), with `id2label`/`label2id` set.
+
+    A checkpoint without a classification head (a pretrained encoder) gets a fresh one. A
+    checkpoint whose head has a different number of labels is refused unless
+    `reinit_head=True`, which replaces the head with a freshly initialised one (as does
+    `reinit_head=True` on a head of the right size).
+
+    Args:
+        model_class: the class to load into; `ScratchBertForSequenceClassification` by
+            default (transformers' `BertForSequenceClassification` works the same way).
+    """
+    if model_class is None:
+        from scratchbert import ScratchBertForSequenceClassification as model_class
+    folder = Path(checkpoint)
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"no checkpoint at {checkpoint}: expected a folder with config.json and the model weights.")
+    num_labels = len(label_names)
+    head_size = checkpoint_head_size(folder)
+    if head_size is not None and head_size != num_labels and not reinit_head:
+        raise ValueError(
+            f"the checkpoint {checkpoint} has a classification head for {head_size} labels, but the data has "
+            f"{num_labels} ({', '.join(label_names)}). Pass --reinit-head (reinit_head=True) to train a new head "
+            "for these labels, or use data with the checkpoint's labels."
+        )
+    id2label = dict(enumerate(label_names))
+    model = model_class.from_pretrained(
+        str(folder),
+        num_labels=num_labels,
+        id2label=id2label,
+        label2id={name: i for i, name in id2label.items()},
+        ignore_mismatched_sizes=reinit_head,  # only reached with a mismatch when the user asked for a new head
+    )
+    if reinit_head and head_size == num_labels:
+        # the loaded head had the right size, so from_pretrained kept it; start it afresh as asked
+        model.classifier.weight.data.normal_(mean=0.0, std=model.config.initializer_range)
+        model.classifier.bias.data.zero_()
+    if head_size is None:
+        logger.info("%s has no classification head: training a new one for %d labels", checkpoint, num_labels)
+    return model
+
+
+# ---------------------------------------------------------------------------
+# 4. Metrics (written out: accuracy and macro-F1 need a few lines of numpy)
+# ---------------------------------------------------------------------------
+
+
+def classification_metrics(predictions: np.ndarray, references: np.ndarray) -> dict[str, float]:
+    """Accuracy and macro-F1 of integer predictions against references, both (N,).
+
+    Macro-F1 averages the per-class F1 = 2 TP / (2 TP + FP + FN) over the classes that occur
+    in the references or the predictions (scikit-learn's convention).
+    """
+    predictions, references = np.asarray(predictions), np.asarray(references)
+    if predictions.shape != references.shape or predictions.size == 0:
+        raise ValueError(f"need equally many predictions and references, got {predictions.shape} and {references.shape}.")
+    f1s = []
+    for label in np.union1d(predictions, references):
+        true_pos = np.sum((predictions == label) & (references == label))
+        false_pos = np.sum((predictions == label) & (references != label))
+        false_neg = np.sum((predictions != label) & (references == label))
+        f1s.append(2 * true_pos / (2 * true_pos + false_pos + false_neg))
+    return {"accuracy": float(np.mean(predictions == references)), "macro_f1": float(np.mean(f1s))}
+
+
+def sequence_classification_metrics(eval_prediction) -> dict[str, float]:
+    """`compute_metrics` for Trainer: logits (N, K) and labels (N,) -> accuracy, macro-F1."""
+    logits = eval_prediction.predictions
+    logits = logits[0] if isinstance(logits, tuple) else logits
+    return classification_metrics(logits.argmax(-1), eval_prediction.label_ids)
+
+
+def token_classification_metrics(eval_prediction) -> dict[str, float]:
+    """`compute_metrics` for token tagging: logits (N, T, K), labels (N, T) with -100 on
+    special tokens and padding -> accuracy and macro-F1 over the labelled tokens only."""
+    logits = eval_prediction.predictions
+    logits = logits[0] if isinstance(logits, tuple) else logits
+    labels = eval_prediction.label_ids
+    keep = labels != -100
+    return classification_metrics(logits.argmax(-1)[keep], labels[keep])
+
+
+def span_metrics(eval_prediction) -> dict[str, float]:
+    """`compute_metrics` for extractive QA: start/end logits (N, T) each, gold start/end
+    positions (N,) each -> exact match (both ends right) and the accuracy of each end."""
+    start_logits, end_logits = eval_prediction.predictions[:2]
+    gold_start, gold_end = eval_prediction.label_ids
+    start_right = start_logits.argmax(-1) == gold_start
+    end_right = end_logits.argmax(-1) == gold_end
+    return {
+        "exact_match": float(np.mean(start_right & end_right)),
+        "start_accuracy": float(np.mean(start_right)),
+        "end_accuracy": float(np.mean(end_right)),
+    }
+
+
+# ---------------------------------------------------------------------------
+# 5. Trainer and the whole fine-tuning run
+# ---------------------------------------------------------------------------
+
+
+def make_trainer(model, tokenizer, args, train_dataset=None, eval_dataset=None, data_collator=None, compute_metrics=None, callbacks=None):
+    """A `Trainer` whose loss and gradients do not depend on how a batch is split up.
+
+    Under gradient accumulation, Trainer passes `num_items_in_batch` (the labelled items of
+    the whole accumulated batch) to a model that accepts loss kwargs and then skips its own
+    division by `gradient_accumulation_steps`, trusting the model to divide its summed loss
+    by that count. scratchbert's heads declare whether they do (`accepts_loss_kwargs`: True
+    for token-level losses). A model that does not declare it is judged by whether its
+    `forward` takes `**kwargs`, and transformers' BERT heads do take `**kwargs` yet average
+    each micro-batch: Trainer would add up the micro-batch means, making loss and gradients
+    `gradient_accumulation_steps` times too large. So a model that does not declare it is
+    marked `accepts_loss_kwargs = False`, and Trainer divides by the number of micro-batches.
+    """
+    from transformers import DataCollatorWithPadding, Trainer
+
+    if not hasattr(model, "accepts_loss_kwargs"):
+        model.accepts_loss_kwargs = False
+    return Trainer(
+        model=model,
+        args=args,
+        train_dataset=train_dataset,
+        eval_dataset=eval_dataset,
+        processing_class=tokenizer,
+        data_collator=data_collator if data_collator is not None else DataCollatorWithPadding(tokenizer),
+        compute_metrics=compute_metrics,
+        callbacks=callbacks,
+    )
+
+
+def _check_output_dir(output_dir: Path, overwrite: bool) -> None:
+    if output_dir.exists() and not output_dir.is_dir():
+        raise ValueError(f"--output-dir {output_dir} is a file; give a folder.")
+    if output_dir.is_dir() and any(output_dir.iterdir()) and not overwrite:
+        raise ValueError(
+            f"--output-dir {output_dir} is not empty; pick a new folder, or pass --overwrite to replace what it holds."
+        )
+
+
+def finetune_text_classification(
+    checkpoint: str | Path,
+    output_dir: str | Path,
+    *,
+    tokenizer: str | Path | None = None,
+    train_files: Sequence[str | Path] | None = None,
+    validation_files: Sequence[str | Path] | None = None,
+    test_files: Sequence[str | Path] | None = None,
+    dataset_name: str | None = None,
+    dataset_config: str | None = None,
+    train_split: str = "train",
+    validation_split: str | None = None,
+    test_split: str | None = None,
+    validation_fraction: float = 0.1,
+    text_column: str = "text",
+    text_pair_column: str | None = None,
+    label_column: str = "label",
+    max_train_samples: int | None = None,
+    max_eval_samples: int | None = None,
+    max_length: int = 128,
+    epochs: float = 3.0,
+    batch_size: int = 16,
+    eval_batch_size: int = 64,
+    gradient_accumulation_steps: int = 1,
+    learning_rate: float = 5e-5,
+    weight_decay: float = 0.01,
+    warmup_ratio: float = 0.1,
+    best_metric: str = "macro_f1",
+    reinit_head: bool = False,
+    seed: int = 42,
+    logging_steps: int = 50,
+    overwrite: bool = False,
+    show_progress: bool = True,
+    model_class=None,
+) -> dict[str, Any]:
+    """Fine-tune `checkpoint` as a text (or text-pair) classifier and save it to `output_dir`.
+
+    Evaluates accuracy and macro-F1 on the validation split after every epoch, reloads the
+    epoch with the best `best_metric` at the end, optionally scores a test split with it,
+    and saves model (with `id2label`/`label2id`), tokenizer and `metrics.json`. Epoch
+    checkpoints go to `output_dir/checkpoints`.
+
+    Returns:
+        {"labels": [...], "validation": {...}, "test": {...} (when a test split is given),
+         "train": {...}} with metrics named without Trainer's "eval_" prefix.
+    """
+    from transformers import TrainingArguments, set_seed
+
+    if best_metric not in METRICS:
+        raise ValueError(f"best_metric must be one of {', '.join(METRICS)}, got {best_metric!r}.")
+    if max_length < 2:
+        raise ValueError(f"max_length must leave room for [CLS] and [SEP], got {max_length}.")
+    output_dir = Path(output_dir)
+    _check_output_dir(output_dir, overwrite)
+    tokenizer = load_tokenizer(tokenizer if tokenizer is not None else checkpoint)
+
+    # Everything about the data is checked before the (slow) model load.
+    splits = load_splits(
+        train_files, validation_files, test_files, dataset_name, dataset_config, train_split, validation_split,
+        test_split, validation_fraction, max_train_samples, max_eval_samples, seed,
+    )  # fmt: skip
+    check_text_columns(splits, text_column, text_pair_column, label_column)
+    label_names = label_names_of(splits, label_column)
+    if len(label_names) < 2:
+        raise ValueError(f"the data has a single label ({label_names[0]!r}); a classifier needs at least two.")
+    logger.info("%d labels: %s; %s", len(label_names), ", ".join(label_names), ", ".join(f"{k} {len(v)} rows" for k, v in splits.items()))
+    splits = tokenize_splits(encode_labels(splits, label_column, label_names), tokenizer, text_column, text_pair_column, max_length)
+
+    set_seed(seed)  # the new head's initialisation and the data order
+    model = load_sequence_classifier(checkpoint, label_names, reinit_head=reinit_head, model_class=model_class)
+    args = TrainingArguments(
+        output_dir=str(output_dir / "checkpoints"),
+        num_train_epochs=epochs,
+        per_device_train_batch_size=batch_size,
+        per_device_eval_batch_size=eval_batch_size,
+        gradient_accumulation_steps=gradient_accumulation_steps,
+        learning_rate=learning_rate,
+        weight_decay=weight_decay,
+        warmup_steps=warmup_ratio,  # a float in [0, 1) is a fraction of the total steps
+        eval_strategy="epoch",
+        save_strategy="epoch",  # best-model selection needs a checkpoint of each evaluated epoch
+        load_best_model_at_end=True,
+        metric_for_best_model=best_metric,
+        greater_is_better=True,
+        save_total_limit=1,  # Trainer still keeps the best checkpoint besides the latest
+        save_only_model=True,  # epoch checkpoints are for picking the best, not for resuming: no optimizer state
+        logging_steps=logging_steps,
+        seed=seed,
+        report_to="none",
+        disable_tqdm=not show_progress,
+    )
+    trainer = make_trainer(
+        model, tokenizer, args, splits["train"], splits["validation"], compute_metrics=sequence_classification_metrics
+    )
+    train_output = trainer.train()
+
+    def unprefixed(metrics: dict, prefix: str) -> dict:
+        return {key.removeprefix(prefix): value for key, value in metrics.items()}
+
+    results = {
+        "labels": label_names,
+        "train": unprefixed(train_output.metrics, "train_"),
+        "validation": unprefixed(trainer.evaluate(), "eval_"),  # the best epoch, reloaded
+        "best_checkpoint": trainer.state.best_model_checkpoint,
+    }
+    if "test" in splits:
+        results["test"] = unprefixed(trainer.evaluate(splits["test"], metric_key_prefix="test"), "test_")
+    trainer.save_model(str(output_dir))  # save_pretrained of the model and of the tokenizer
+    results["log_history"] = trainer.state.log_history
+    (output_dir / "metrics.json").write_text(json.dumps(results, indent=2) + "\n")
+    for split in ("validation", "test"):
+        if split in results:
+            logger.info("%s: accuracy %.4f, macro-F1 %.4f", split, results[split]["accuracy"], results[split]["macro_f1"])
+    logger.info("saved the fine-tuned model and tokenizer to %s", output_dir)
+    return results
+
+
+# ---------------------------------------------------------------------------
+# Command line: `scratchbert finetune`
+# ---------------------------------------------------------------------------
+
+
+def add_cli(subparsers) -> None:
+    """Add `scratchbert finetune` to the command line."""
+    parser = subparsers.add_parser(
+        "finetune",
+        help="fine-tune a BERT checkpoint as a text classifier",
+        description="Fine-tune a scratchbert or transformers BERT checkpoint as a text (or text-pair) classifier "
+        "with transformers.Trainer; evaluates accuracy and macro-F1 each epoch and saves the best epoch.",
+    )
+    parser.add_argument("checkpoint", help="folder of the checkpoint to start from (config.json + weights)")
+    parser.add_argument("--output-dir", required=True, help="where the fine-tuned model, tokenizer and metrics.json go")
+    parser.add_argument("--tokenizer", help="tokenizer folder (default: the checkpoint folder)")
+    data = parser.add_argument_group("data (local files or a datasets name)")
+    data.add_argument("--train-file", nargs="+", help="CSV/TSV/JSON/JSONL file(s), optionally .gz")
+    data.add_argument("--validation-file", nargs="+", help="default: hold out --validation-fraction of train")
+    data.add_argument("--test-file", nargs="+", help="scored once at the end with the best model")
+    data.add_argument("--dataset", help="a name for datasets.load_dataset, instead of --train-file")
+    data.add_argument("--dataset-config", help="configuration name of --dataset")
+    data.add_argument("--train-split", default="train", help="split of --dataset to train on (default: train)")
+    data.add_argument("--validation-split", help="split of --dataset to select epochs on (default: validation if present)")
+    data.add_argument("--test-split", help="split of --dataset to score at the end")
+    data.add_argument("--validation-fraction", type=float, default=0.1, help="held out of train without a validation split")
+    data.add_argument("--text-column", default="text")
+    data.add_argument("--text-pair-column", help="second text of a pair (e.g. hypothesis), joined with [SEP]")
+    data.add_argument("--label-column", default="label", help="string or integer labels")
+    data.add_argument("--max-train-samples", type=int, help="train on a random subset of this size")
+    data.add_argument("--max-eval-samples", type=int, help="evaluate on random subsets of this size")
+    data.add_argument("--max-length", type=int, default=128, help="tokens per example after truncation (default: 128)")
+    train = parser.add_argument_group("training")
+    train.add_argument("--epochs", type=float, default=3.0)
+    train.add_argument("--batch-size", type=int, default=16)
+    train.add_argument("--eval-batch-size", type=int, default=64)
+    train.add_argument("--gradient-accumulation-steps", type=int, default=1)
+    train.add_argument("--learning-rate", type=float, default=5e-5)
+    train.add_argument("--weight-decay", type=float, default=0.01)
+    train.add_argument("--warmup-ratio", type=float, default=0.1, help="fraction of steps with a linear warmup")
+    train.add_argument("--best-metric", choices=METRICS, default="macro_f1", help="picks the epoch that is kept")
+    train.add_argument("--reinit-head", action="store_true", help="train a new head even if the checkpoint has one")
+    train.add_argument("--seed", type=int, default=42)
+    train.add_argument("--logging-steps", type=int, default=50)
+    train.add_argument("--overwrite", action="store_true", help="allow a non-empty --output-dir")
+    parser.set_defaults(func=_run_cli)
+
+
+def _run_cli(args) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    for name, value in (("epochs", args.epochs), ("batch-size", args.batch_size), ("gradient-accumulation-steps", args.gradient_accumulation_steps)):
+        if not value > 0 or (isinstance(value, float) and not math.isfinite(value)):
+            raise ValueError(f"--{name} must be positive, got {value}.")
+    results = finetune_text_classification(
+        args.checkpoint,
+        args.output_dir,
+        tokenizer=args.tokenizer,
+        train_files=args.train_file,
+        validation_files=args.validation_file,
+        test_files=args.test_file,
+        dataset_name=args.dataset,
+        dataset_config=args.dataset_config,
+        train_split=args.train_split,
+        validation_split=args.validation_split,
+        test_split=args.test_split,
+        validation_fraction=args.validation_fraction,
+        text_column=args.text_column,
+        text_pair_column=args.text_pair_column,
+        label_column=args.label_column,
+        max_train_samples=args.max_train_samples,
+        max_eval_samples=args.max_eval_samples,
+        max_length=args.max_length,
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        eval_batch_size=args.eval_batch_size,
+        gradient_accumulation_steps=args.gradient_accumulation_steps,
+        learning_rate=args.learning_rate,
+        weight_decay=args.weight_decay,
+        warmup_ratio=args.warmup_ratio,
+        best_metric=args.best_metric,
+        reinit_head=args.reinit_head,
+        seed=args.seed,
+        logging_steps=args.logging_steps,
+        overwrite=args.overwrite,
+    )
+    summary = {split: {k: round(results[split][k], 4) for k in METRICS} for split in ("validation", "test") if split in results}
+    print(json.dumps({"output_dir": args.output_dir, **summary}))
+    return 0

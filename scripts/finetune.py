@@ -1,0 +1,11 @@
+"""Fine-tune a BERT checkpoint as a text classifier: the same as `scratchbert finetune`.
+
+    python scripts/finetune.py CHECKPOINT --train-file train.csv --output-dir out
+"""
+
+import sys
+
+from scratchbert.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main(["finetune", *sys.argv[1:]]))

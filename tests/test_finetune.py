@@ -1,0 +1,404 @@
+"""Fine-tuning under transformers.Trainer: `scratchbert finetune`, its errors, the token
+classification and question answering heads on rule-checkable toy tasks, and gradient
+accumulation. Tiny models (hidden 32, 2 layers, 4 heads) and a word-level vocabulary, so
+every test trains for seconds."""
+
+from __future__ import annotations
+
+import csv
+import json
+import random
+
+import numpy as np
+import pytest
+import torch
+from datasets import ClassLabel, Dataset, DatasetDict
+from transformers import (
+    AutoModelForSequenceClassification,
+    BertConfig,
+    BertForMaskedLM,
+    BertForSequenceClassification,
+    DataCollatorForTokenClassification,
+    EvalPrediction,
+    TrainerCallback,
+    TrainingArguments,
+    pipeline,
+)
+
+from scratchbert import (
+    ScratchBertConfig,
+    ScratchBertForMaskedLM,
+    ScratchBertForQuestionAnswering,
+    ScratchBertForSequenceClassification,
+    ScratchBertForTokenClassification,
+)
+import scratchbert.cli
+from scratchbert.tokenization import tokenizer_from_vocab
+from scratchbert.training.finetune import (
+    checkpoint_head_size,
+    classification_metrics,
+    encode_labels,
+    label_names_of,
+    load_sequence_classifier,
+    make_trainer,
+    span_metrics,
+    token_classification_metrics,
+)
+
+SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+FILLERS = [f"w{i}" for i in range(24)]
+EVEN_FILLERS, ODD_FILLERS = FILLERS[0::2], FILLERS[1::2]  # the token-tagging rule: odd words are tag 1
+VOCAB = SPECIALS + ["good", "bad", "@", "#"] + FILLERS  # "@ ... #" mark the answer span in the QA task
+TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, max_position_embeddings=64)
+NO_DROPOUT = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models gain nothing from a second thread, and when other processes share the two
+    cores, two threads spinning for each other make these tests an order of magnitude slower."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    vocab_file = tmp_path_factory.mktemp("vocab") / "vocab.txt"
+    vocab_file.write_text("\n".join(VOCAB) + "\n")
+    return tokenizer_from_vocab(vocab_file)
+
+
+def tiny_config(**overrides) -> ScratchBertConfig:
+    return ScratchBertConfig(vocab_size=len(VOCAB), **TINY, **overrides)
+
+
+@pytest.fixture(scope="module")
+def scratch_checkpoint(tmp_path_factory, tokenizer):
+    """A scratchbert pretraining-style checkpoint (MLM head, no classifier) with its tokenizer."""
+    folder = tmp_path_factory.mktemp("scratch_mlm")
+    torch.manual_seed(0)
+    ScratchBertForMaskedLM(tiny_config()).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def bert_checkpoint(tmp_path_factory, tokenizer):
+    """A transformers BERT checkpoint (model_type "bert") with its tokenizer."""
+    folder = tmp_path_factory.mktemp("bert_mlm")
+    torch.manual_seed(0)
+    BertForMaskedLM(BertConfig(vocab_size=len(VOCAB), **TINY)).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def sentiment_rows(n: int, seed: int) -> list[dict]:
+    """Filler sentences holding one "good" (label pos) or one "bad" (label neg)."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        words = rng.choices(FILLERS, k=rng.randint(3, 8))
+        label = rng.choice(["neg", "pos"])
+        words.insert(rng.randint(0, len(words)), "good" if label == "pos" else "bad")
+        rows.append({"text": " ".join(words), "label": label})
+    return rows
+
+
+def write_csv(path, rows: list[dict], fieldnames=None):
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fieldnames or list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
+def write_jsonl(path, rows: list[dict]):
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def trainer_args(tmp_path, **overrides) -> TrainingArguments:
+    settings = dict(
+        output_dir=str(tmp_path / "trainer"), report_to="none", disable_tqdm=True, save_strategy="no",
+        use_cpu=True, seed=0, logging_steps=1000,
+    )  # fmt: skip
+    return TrainingArguments(**{**settings, **overrides})
+
+
+# --------------------------------------------------------------------------- metrics and labels
+
+
+def test_classification_metrics_match_hand_computation():
+    # class 0: TP 1, FP 1, FN 0 -> F1 2/3; class 1: TP 1, FP 0, FN 2 -> 1/2; class 2: TP 0, FP 1 -> 0
+    metrics = classification_metrics(np.array([0, 0, 1, 2]), np.array([0, 1, 1, 1]))
+    assert metrics["accuracy"] == pytest.approx(0.5)
+    assert metrics["macro_f1"] == pytest.approx((2 / 3 + 1 / 2 + 0) / 3)
+    assert classification_metrics(np.array([1, 0, 1]), np.array([1, 0, 1])) == {"accuracy": 1.0, "macro_f1": 1.0}
+
+
+def test_token_and_span_metrics_skip_ignored_positions():
+    logits = np.zeros((1, 4, 2))
+    logits[0, [0, 1], 1] = 1.0  # predicts tag 1 at positions 0, 1 and tag 0 at 2, 3
+    labels = np.array([[-100, 1, 0, -100]])  # only positions 1 and 2 count: both right
+    assert token_classification_metrics(EvalPrediction(logits, labels))["accuracy"] == 1.0
+    start, end = np.eye(5)[[1, 2]], np.eye(5)[[3, 2]]  # predicted spans (1, 3) and (2, 2)
+    metrics = span_metrics(EvalPrediction((start, end), (np.array([1, 2]), np.array([3, 4]))))
+    assert metrics == {"exact_match": 0.5, "start_accuracy": 1.0, "end_accuracy": 0.5}
+
+
+def test_label_names_from_strings_integers_and_class_labels():
+    strings = DatasetDict(train=Dataset.from_dict({"label": ["pos", "neg", "pos"]}), validation=Dataset.from_dict({"label": ["neutral"]}))
+    assert label_names_of(strings, "label") == ["neg", "neutral", "pos"]
+    integers = DatasetDict(train=Dataset.from_dict({"label": [2, 0, 2]}), validation=Dataset.from_dict({"label": [0]}))
+    names = label_names_of(integers, "label")
+    assert names == ["0", "2"]  # named by value, ids 0..K-1 in value order
+    assert encode_labels(integers, "label", names)["train"]["labels"] == [1, 0, 1]
+    classes = Dataset.from_dict({"label": [1, 0]}).cast_column("label", ClassLabel(names=["no", "yes"]))
+    assert label_names_of(DatasetDict(train=classes), "label") == ["no", "yes"]
+
+
+# --------------------------------------------------------------------------- clear errors
+
+
+@pytest.fixture
+def cli_main(monkeypatch):
+    """`scratchbert.cli.main` with only this command registered (other modules are not under test here)."""
+    monkeypatch.setattr(scratchbert.cli, "COMMANDS", {"scratchbert.training.finetune": ["finetune"]})
+    return scratchbert.cli.main
+
+
+def run_cli(cli_main, capsys, *argv) -> tuple[int, str]:
+    code = cli_main(["finetune", *map(str, argv)])
+    return code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "rows, flags, message",
+    [
+        ([{"sentence": "w1 good", "label": "pos"}], [], "no column 'text'"),
+        ([{"text": "w1 good", "sentiment": "pos"}], [], "no column 'label'"),
+        ([{"text": "w1 good", "label": 0.5}, {"text": "w2 bad", "label": 1.5}], [], "labels must be strings or integers"),
+        ([{"text": "w1 good", "label": [1]}, {"text": "w2 bad", "label": [0]}], [], "labels must be strings or integers"),
+        ([{"text": "w1 good", "label": "pos"}, {"text": "w2 bad", "label": None}], [], "row 1 has no label"),
+        ([{"text": "w1 good", "label": "pos"}, {"text": "w2 bad", "label": "pos"}], [], "single label"),
+        ([{"text": "w1 good", "label": "pos"}], ["--text-pair-column", "premise"], "--text-pair-column"),
+    ],
+)
+def test_bad_data_gives_one_line_error(tmp_path, capsys, cli_main, scratch_checkpoint, rows, flags, message):
+    data = write_jsonl(tmp_path / "train.jsonl", rows)
+    code, err = run_cli(cli_main, capsys, scratch_checkpoint, "--train-file", data, "--validation-file", data, "--output-dir", tmp_path / "out", *flags)
+    assert code == 2 and message in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()  # nothing is written before the data checks pass
+
+
+def test_empty_or_missing_data_and_occupied_output_dir(tmp_path, capsys, cli_main, scratch_checkpoint):
+    empty = tmp_path / "empty.csv"
+    empty.write_text("text,label\n")
+    code, err = run_cli(cli_main, capsys, scratch_checkpoint, "--train-file", empty, "--output-dir", tmp_path / "out")
+    assert code == 2 and "train data is empty" in err
+    code, err = run_cli(cli_main, capsys, scratch_checkpoint, "--train-file", tmp_path / "nope.csv", "--output-dir", tmp_path / "out")
+    assert code == 2 and "not found" in err
+    occupied = tmp_path / "occupied"
+    occupied.mkdir()
+    (occupied / "keep.txt").write_text("precious")
+    code, err = run_cli(cli_main, capsys, scratch_checkpoint, "--train-file", empty, "--output-dir", occupied)
+    assert code == 2 and "--overwrite" in err and (occupied / "keep.txt").read_text() == "precious"
+
+
+@pytest.fixture(scope="module")
+def three_label_checkpoint(tmp_path_factory, tokenizer):
+    """A transformers BERT classifier for three labels, saved as pytorch_model.bin."""
+    folder = tmp_path_factory.mktemp("bert_cls3")
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=len(VOCAB), num_labels=3, **TINY)
+    torch.save(BertForSequenceClassification(config).state_dict(), folder / "pytorch_model.bin")
+    config.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_head_size_mismatch_is_refused_unless_reinitialised(three_label_checkpoint, scratch_checkpoint):
+    assert checkpoint_head_size(three_label_checkpoint) == 3
+    assert checkpoint_head_size(scratch_checkpoint) is None  # an MLM checkpoint has no classifier
+    with pytest.raises(ValueError, match="head for 3 labels, but the data has 2.*--reinit-head"):
+        load_sequence_classifier(three_label_checkpoint, ["neg", "pos"])
+    model = load_sequence_classifier(three_label_checkpoint, ["neg", "pos"], reinit_head=True)
+    state = torch.load(three_label_checkpoint / "pytorch_model.bin", weights_only=True)
+    assert model.classifier.weight.shape == (2, TINY["hidden_size"])
+    torch.testing.assert_close(model.bert.encoder.layer[1].output.dense.weight, state["bert.encoder.layer.1.output.dense.weight"])
+    assert model.config.id2label == {0: "neg", 1: "pos"} and model.config.label2id == {"neg": 0, "pos": 1}
+    kept = load_sequence_classifier(three_label_checkpoint, ["a", "b", "c"])
+    torch.testing.assert_close(kept.classifier.weight, state["classifier.weight"])
+    fresh = load_sequence_classifier(three_label_checkpoint, ["a", "b", "c"], reinit_head=True)
+    assert not torch.equal(fresh.classifier.weight, state["classifier.weight"])
+    assert isinstance(fresh, ScratchBertForSequenceClassification)
+
+
+# --------------------------------------------------------------------------- the finetune command
+
+
+def test_finetune_cli_trains_saves_and_serves_a_pipeline(tmp_path, capsys, cli_main, scratch_checkpoint):
+    train = write_csv(tmp_path / "train.csv", sentiment_rows(192, seed=1))
+    validation = write_csv(tmp_path / "validation.csv", sentiment_rows(64, seed=2))
+    out = tmp_path / "out"
+    code = cli_main(
+        ["finetune", str(scratch_checkpoint), "--train-file", str(train), "--validation-file", str(validation),
+         "--test-file", str(validation), "--output-dir", str(out), "--epochs", "6", "--batch-size", "16",
+         "--learning-rate", "3e-3", "--logging-steps", "4", "--best-metric", "accuracy"]
+    )  # fmt: skip
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "'loss'" in printed and "eval_macro_f1" in printed  # progress and metrics are logged
+
+    results = json.loads((out / "metrics.json").read_text())
+    assert results["labels"] == ["neg", "pos"]
+    assert results["validation"]["accuracy"] > 0.9  # the keyword task is learned, chance is 0.5
+    assert results["test"]["accuracy"] == results["validation"]["accuracy"]  # same rows, same (best) model
+    *epochs, final = [entry for entry in results["log_history"] if "eval_accuracy" in entry]
+    assert len(epochs) == 6  # one evaluation per epoch, then one of the best epoch, reloaded
+    assert final["eval_accuracy"] == results["validation"]["accuracy"] == max(e["eval_accuracy"] for e in epochs)
+    losses = [entry["loss"] for entry in results["log_history"] if "loss" in entry]
+    assert losses[-1] < losses[0]
+
+    model = AutoModelForSequenceClassification.from_pretrained(out)
+    assert isinstance(model, ScratchBertForSequenceClassification)
+    assert model.config.id2label == {0: "neg", 1: "pos"}
+    classify = pipeline("text-classification", model=str(out), device="cpu")
+    predictions = classify(["w3 w5 good w7", "w3 bad w5 w7", "w10 w2 w9 w4 good"])
+    assert [p["label"] for p in predictions] == ["pos", "neg", "pos"]
+
+
+def test_finetune_transformers_checkpoint_on_text_pairs(tmp_path, capsys, cli_main, bert_checkpoint):
+    """A transformers BERT checkpoint loads into ScratchBertForSequenceClassification; integer
+    labels and a text pair (label 1 when both halves carry the same keyword)."""
+    rng = random.Random(3)
+    rows = []
+    for _ in range(96):
+        first, second = rng.choice(["good", "bad"]), rng.choice(["good", "bad"])
+        rows.append({"premise": f"w1 {first} w2", "hypothesis": f"{second} w3", "same": int(first == second)})
+    data = write_jsonl(tmp_path / "pairs.jsonl", rows)
+    out = tmp_path / "out"
+    code = cli_main(
+        ["finetune", str(bert_checkpoint), "--train-file", str(data), "--output-dir", str(out), "--text-column",
+         "premise", "--text-pair-column", "hypothesis", "--label-column", "same", "--epochs", "1",
+         "--validation-fraction", "0.25"]
+    )  # fmt: skip
+    assert code == 0
+    results = json.loads((out / "metrics.json").read_text())
+    assert results["labels"] == ["0", "1"] and set(results["validation"]) >= {"accuracy", "macro_f1", "loss"}
+    reloaded = AutoModelForSequenceClassification.from_pretrained(out)
+    assert isinstance(reloaded, ScratchBertForSequenceClassification)
+    assert reloaded.config.label2id == {"0": 0, "1": 1}
+    assert (out / "tokenizer.json").is_file()  # the tokenizer was saved beside the model
+
+
+# --------------------------------------------------------------------------- token classification and QA
+
+
+def tagging_dataset(tokenizer, n: int, seed: int) -> Dataset:
+    """Tag 1 on odd filler words, 0 on even ones; -100 on [CLS]/[SEP] (not scored)."""
+    rng = random.Random(seed)
+    rows = {"input_ids": [], "labels": []}
+    for _ in range(n):
+        words = rng.choices(FILLERS, k=rng.randint(4, 10))
+        ids = tokenizer(" ".join(words))["input_ids"]
+        rows["input_ids"].append(ids)
+        rows["labels"].append([-100] + [int(word in ODD_FILLERS) for word in words] + [-100])
+    return Dataset.from_dict(rows)
+
+
+def test_token_classification_learns_a_token_property(tmp_path, tokenizer):
+    torch.manual_seed(0)
+    model = ScratchBertForTokenClassification(tiny_config(num_labels=2))
+    train, evaluation = tagging_dataset(tokenizer, 160, seed=4), tagging_dataset(tokenizer, 48, seed=5)
+    args = trainer_args(tmp_path, num_train_epochs=4, per_device_train_batch_size=16, learning_rate=3e-3)
+    trainer = make_trainer(
+        model, tokenizer, args, train, evaluation, DataCollatorForTokenClassification(tokenizer), token_classification_metrics
+    )
+    before = trainer.evaluate()
+    trainer.train()
+    after = trainer.evaluate()
+    assert after["eval_loss"] < 0.5 * before["eval_loss"]
+    assert after["eval_accuracy"] > 0.9  # chance: about 0.5 (odd and even words are equally likely)
+
+
+def span_dataset(tokenizer, n: int, seed: int) -> Dataset:
+    """Question "good"; the context holds one span "@ ... #" among filler words, and the answer
+    is that span, markers included: start = the position of "@", end = the position of "#"
+    (positions in the [CLS] good [SEP] context [SEP] sequence)."""
+    rng = random.Random(seed)
+    rows = {"input_ids": [], "token_type_ids": [], "start_positions": [], "end_positions": []}
+    for _ in range(n):
+        before, inside, after = (rng.choices(FILLERS, k=rng.randint(lo, hi)) for lo, hi in ((0, 8), (1, 3), (0, 8)))
+        encoded = tokenizer("good", " ".join(before + ["@"] + inside + ["#"] + after))
+        start = 3 + len(before)  # [CLS] good [SEP] come first
+        rows["input_ids"].append(encoded["input_ids"])
+        rows["token_type_ids"].append(encoded["token_type_ids"])
+        rows["start_positions"].append(start)
+        rows["end_positions"].append(start + len(inside) + 1)
+    return Dataset.from_dict(rows)
+
+
+def test_question_answering_finds_a_marked_span(tmp_path, tokenizer):
+    torch.manual_seed(0)
+    model = ScratchBertForQuestionAnswering(tiny_config())
+    train, evaluation = span_dataset(tokenizer, 192, seed=6), span_dataset(tokenizer, 64, seed=7)
+    args = trainer_args(tmp_path, num_train_epochs=4, per_device_train_batch_size=16, learning_rate=3e-3)
+    trainer = make_trainer(model, tokenizer, args, train, evaluation, compute_metrics=span_metrics)
+    before = trainer.evaluate()
+    trainer.train()
+    after = trainer.evaluate()
+    assert after["eval_loss"] < 0.5 * before["eval_loss"]
+    # guessing both ends among ~15 positions is right well under 5% of the time
+    assert after["eval_exact_match"] > 0.8, after
+
+
+# --------------------------------------------------------------------------- gradient accumulation
+
+
+class GradientGrabber(TrainerCallback):
+    """Keeps a copy of every gradient just before the (single) optimizer step."""
+
+    def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
+        self.grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+
+def one_step(tmp_path, make_model, dataset, collator, batch_size: int, accumulation: int, tokenizer):
+    """Train one optimizer step over all 8 examples; return Trainer's loss and the gradients."""
+    torch.manual_seed(0)
+    model = make_model()
+    grabber = GradientGrabber()
+    args = trainer_args(
+        tmp_path, per_device_train_batch_size=batch_size, gradient_accumulation_steps=accumulation, max_steps=1, max_grad_norm=0
+    )
+    trainer = make_trainer(model, tokenizer, args, dataset, data_collator=collator, callbacks=[grabber])
+    return trainer.train().training_loss, grabber.grads
+
+
+@pytest.mark.parametrize("task", ["scratch-sequence", "scratch-token", "transformers-sequence"])
+def test_gradient_accumulation_matches_the_large_batch(tmp_path, tokenizer, task):
+    """2 micro-batches of 4 give the loss and gradients of 1 batch of 8, including for token
+    tagging where the micro-batches hold different numbers of labelled tokens."""
+    if task == "scratch-token":
+        dataset = tagging_dataset(tokenizer, 8, seed=8)  # 4 to 10 tagged words per example
+        collator = DataCollatorForTokenClassification(tokenizer)
+        def make_model():
+            return ScratchBertForTokenClassification(tiny_config(num_labels=2, **NO_DROPOUT))
+    else:
+        rows = sentiment_rows(8, seed=9)
+        dataset = Dataset.from_dict(dict(tokenizer([r["text"] for r in rows]), labels=[int(r["label"] == "pos") for r in rows]))
+        collator = None  # make_trainer's default: DataCollatorWithPadding
+        if task == "scratch-sequence":
+            def make_model():
+                return ScratchBertForSequenceClassification(tiny_config(num_labels=2, **NO_DROPOUT))
+        else:
+            def make_model():
+                return BertForSequenceClassification(BertConfig(vocab_size=len(VOCAB), num_labels=2, **TINY, **NO_DROPOUT))
+    large_loss, large_grads = one_step(tmp_path, make_model, dataset, collator, 8, 1, tokenizer)
+    small_loss, small_grads = one_step(tmp_path, make_model, dataset, collator, 4, 2, tokenizer)
+    assert small_loss == pytest.approx(large_loss, rel=1e-5)
+    assert large_grads.keys() == small_grads.keys() and len(large_grads) > 10
+    for name, grad in large_grads.items():
+        torch.testing.assert_close(small_grads[name], grad, rtol=1e-4, atol=1e-7, msg=name)
