@@ -20,7 +20,6 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
 import torch
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "walkthrough.md"
