@@ -36,6 +36,7 @@ import scratchbert.cli
 from scratchbert.tokenization import tokenizer_from_vocab
 from scratchbert.training.finetune import (
     checkpoint_head_size,
+    checkpoint_label_order,
     classification_metrics,
     encode_labels,
     label_names_of,
@@ -212,7 +213,7 @@ def three_label_checkpoint(tmp_path_factory, tokenizer):
     """A transformers BERT classifier for three labels, saved as pytorch_model.bin."""
     folder = tmp_path_factory.mktemp("bert_cls3")
     torch.manual_seed(0)
-    config = BertConfig(vocab_size=len(VOCAB), num_labels=3, **TINY)
+    config = BertConfig(vocab_size=len(VOCAB), id2label={0: "c", 1: "a", 2: "b"}, **TINY)
     torch.save(BertForSequenceClassification(config).state_dict(), folder / "pytorch_model.bin")
     config.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
@@ -231,6 +232,10 @@ def test_head_size_mismatch_is_refused_unless_reinitialised(three_label_checkpoi
     assert model.config.id2label == {0: "neg", 1: "pos"} and model.config.label2id == {"neg": 0, "pos": 1}
     kept = load_sequence_classifier(three_label_checkpoint, ["a", "b", "c"])
     torch.testing.assert_close(kept.classifier.weight, state["classifier.weight"])
+    # the same names keep the rows their head learned them on; a new head takes the data's order
+    assert checkpoint_label_order(three_label_checkpoint, ["a", "b", "c"]) == ["c", "a", "b"]
+    assert checkpoint_label_order(three_label_checkpoint, ["a", "b", "c"], reinit_head=True) == ["a", "b", "c"]
+    assert checkpoint_label_order(three_label_checkpoint, ["x", "y", "z"]) == ["x", "y", "z"]
     fresh = load_sequence_classifier(three_label_checkpoint, ["a", "b", "c"], reinit_head=True)
     assert not torch.equal(fresh.classifier.weight, state["classifier.weight"])
     assert isinstance(fresh, ScratchBertForSequenceClassification)
@@ -256,9 +261,8 @@ def test_finetune_cli_trains_saves_and_serves_a_pipeline(tmp_path, capsys, cli_m
     assert results["labels"] == ["neg", "pos"]
     assert results["validation"]["accuracy"] > 0.9  # the keyword task is learned, chance is 0.5
     assert results["test"]["accuracy"] == results["validation"]["accuracy"]  # same rows, same (best) model
-    *epochs, final = [entry for entry in results["log_history"] if "eval_accuracy" in entry]
-    assert len(epochs) == 6  # one evaluation per epoch, then one of the best epoch, reloaded
-    assert final["eval_accuracy"] == results["validation"]["accuracy"] == max(e["eval_accuracy"] for e in epochs)
+    epochs = [entry for entry in results["log_history"] if "eval_accuracy" in entry]
+    assert len(epochs) == 6 and results["validation"]["accuracy"] == max(e["eval_accuracy"] for e in epochs)
     losses = [entry["loss"] for entry in results["log_history"] if "loss" in entry]
     assert losses[-1] < losses[0]
 
@@ -292,6 +296,22 @@ def test_finetune_transformers_checkpoint_on_text_pairs(tmp_path, capsys, cli_ma
     assert isinstance(reloaded, ScratchBertForSequenceClassification)
     assert reloaded.config.label2id == {"0": 0, "1": 1}
     assert (out / "tokenizer.json").is_file()  # the tokenizer was saved beside the model
+
+
+def test_finetune_from_a_datasets_folder_with_its_splits(tmp_path, capsys, cli_main, scratch_checkpoint):
+    """`--dataset` takes anything `datasets.load_dataset` does; here a folder of split files."""
+    folder = tmp_path / "sentiment"
+    folder.mkdir()
+    write_csv(folder / "train.csv", sentiment_rows(48, seed=10))
+    write_csv(folder / "test.csv", sentiment_rows(16, seed=11))
+    out = tmp_path / "out"
+    argv = ["--dataset", folder, "--test-split", "test", "--epochs", "1", "--validation-fraction", "0.25"]
+    code, err = run_cli(cli_main, capsys, scratch_checkpoint, "--output-dir", out, *argv)
+    assert code == 0, err
+    results = json.loads((out / "metrics.json").read_text())
+    assert results["test"]["accuracy"] >= 0 and results["labels"] == ["neg", "pos"]
+    code, err = run_cli(cli_main, capsys, scratch_checkpoint, "--output-dir", tmp_path / "out2", "--dataset", folder, "--test-split", "dev")
+    assert code == 2 and "has no split 'dev'" in err
 
 
 # --------------------------------------------------------------------------- token classification and QA

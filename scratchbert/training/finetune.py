@@ -279,6 +279,26 @@ def checkpoint_head_size(checkpoint: str | Path, key: str = HEAD_KEY) -> int | N
     return None
 
 
+def checkpoint_label_order(checkpoint: str | Path, label_names: Sequence[str], reinit_head: bool = False) -> list[str]:
+    """`label_names` in the order of the checkpoint's head when that head was trained on the same names.
+
+    Continuing to fine-tune a classifier must keep each label on the head row that learned it;
+    otherwise (no head, another size, other names, or `reinit_head`) the order is unchanged.
+    """
+    if reinit_head or checkpoint_head_size(checkpoint) != len(label_names):
+        return list(label_names)
+    id2label = json.loads((Path(checkpoint) / "config.json").read_text()).get("id2label") or {}
+    head_names = [id2label.get(str(i)) for i in range(len(label_names))]
+    if set(head_names) == set(label_names):
+        return head_names
+    if not all(name is None or name == f"LABEL_{i}" for i, name in enumerate(head_names)):
+        logger.warning(
+            "the checkpoint's head was trained on labels %s; it is kept and now predicts %s, row by row "
+            "(pass --reinit-head to start the head afresh)", head_names, list(label_names),
+        )  # fmt: skip
+    return list(label_names)
+
+
 def load_tokenizer(path: str | Path):
     """`AutoTokenizer` from a folder, with an error that says what to pass instead."""
     from transformers import AutoTokenizer
@@ -485,6 +505,8 @@ def finetune_text_classification(
         raise ValueError(f"best_metric must be one of {', '.join(METRICS)}, got {best_metric!r}.")
     if max_length < 2:
         raise ValueError(f"max_length must leave room for [CLS] and [SEP], got {max_length}.")
+    if not (Path(checkpoint) / "config.json").is_file():
+        raise FileNotFoundError(f"no checkpoint at {checkpoint}: expected a folder with config.json and the model weights.")
     output_dir = Path(output_dir)
     _check_output_dir(output_dir, overwrite)
     tokenizer = load_tokenizer(tokenizer if tokenizer is not None else checkpoint)
@@ -498,6 +520,7 @@ def finetune_text_classification(
     label_names = label_names_of(splits, label_column)
     if len(label_names) < 2:
         raise ValueError(f"the data has a single label ({label_names[0]!r}); a classifier needs at least two.")
+    label_names = checkpoint_label_order(checkpoint, label_names, reinit_head)
     logger.info("%d labels: %s; %s", len(label_names), ", ".join(label_names), ", ".join(f"{k} {len(v)} rows" for k, v in splits.items()))
     splits = tokenize_splits(encode_labels(splits, label_column, label_names), tokenizer, text_column, text_pair_column, max_length)
 
@@ -532,10 +555,12 @@ def finetune_text_classification(
     def unprefixed(metrics: dict, prefix: str) -> dict:
         return {key.removeprefix(prefix): value for key, value in metrics.items()}
 
+    # The best epoch's validation metrics were logged when it was evaluated; no need to evaluate again.
+    best_epoch = next(e for e in trainer.state.log_history if e.get("step") == trainer.state.best_global_step and "eval_loss" in e)
     results = {
         "labels": label_names,
         "train": unprefixed(train_output.metrics, "train_"),
-        "validation": unprefixed(trainer.evaluate(), "eval_"),  # the best epoch, reloaded
+        "validation": unprefixed(best_epoch, "eval_"),
         "best_checkpoint": trainer.state.best_model_checkpoint,
     }
     if "test" in splits:
