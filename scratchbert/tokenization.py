@@ -39,7 +39,7 @@ import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from tokenizers import Encoding, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from tokenizers import Encoding, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 from transformers.tokenization_utils_base import BatchEncoding, PaddingStrategy, TruncationStrategy
 
@@ -57,6 +57,12 @@ CONTINUING_SUBWORD_PREFIX = "##"
 # BERT's WordpieceTokenizer gives up on longer words (they become [UNK]): greedy
 # longest-match is quadratic in the word length.
 MAX_INPUT_CHARS_PER_WORD = 100
+# Characters of Unicode category C (control, format, unassigned, private use, surrogate)
+# other than tab and newlines: BERT's reference `_clean_text` deletes them.
+UNICODE_OTHER = r"[\p{C}&&[^\t\n\r]]"
+# A capital sigma after a cased letter and not followed (past case-ignorable characters)
+# by another: Python's `str.lower()` makes it the final form "ς" (Unicode's Final_Sigma).
+FINAL_CAPITAL_SIGMA = r"(?<=[\p{Lu}\p{Ll}\p{Lt}])Σ(?![\p{Mn}\p{Me}\p{Cf}\p{Lm}\p{Sk}'.:·\u0387\u2018\u2019\u2024\u2027]*[\p{Lu}\p{Ll}\p{Lt}])"
 # How many texts go to the Rust trainer at a time: large enough to keep it busy, small
 # enough that a corpus never has to fit in memory.
 TRAIN_BATCH_SIZE = 1000
@@ -79,13 +85,31 @@ def build_pipeline(
 
     The post-processor is added by `add_bert_template` once the vocabulary (and so the
     ids of [CLS] and [SEP]) is known. `strip_accents=None` follows `lowercase`, as in BERT.
+
+    `BertNormalizer` does BERT's normalization in Rust, but three details of the reference
+    (Python) code differ from it, so three small normalizers run first:
+
+    * `clean_text` drops every character of Unicode category C (control, format,
+      unassigned, private use) except tab and newlines; the Rust one keeps unassigned
+      code points and some format characters (e.g. the tag characters of flag emoji);
+    * the reference composes characters (NFC) first, so "e" + U+0301 and "é" are the
+      same word even when accents are kept;
+    * Python's `str.lower()` writes a capital sigma that ends a word as "ς"; the Rust
+      lowercasing maps it to "σ" whatever follows.
     """
     tokenizer = Tokenizer(model)
-    tokenizer.normalizer = normalizers.BertNormalizer(
-        clean_text=clean_text,  # drop control characters and U+FFFD, map whitespace to " "
-        handle_chinese_chars=handle_chinese_chars,  # every CJK ideograph becomes its own word
-        strip_accents=strip_accents,
-        lowercase=lowercase,
+    tokenizer.normalizer = normalizers.Sequence(
+        ([normalizers.Replace(Regex(UNICODE_OTHER), "")] if clean_text else [])
+        + [normalizers.NFC()]
+        + ([normalizers.Replace(Regex(FINAL_CAPITAL_SIGMA), "ς")] if lowercase else [])
+        + [
+            normalizers.BertNormalizer(
+                clean_text=clean_text,  # drop NUL and U+FFFD, map every whitespace character to " "
+                handle_chinese_chars=handle_chinese_chars,  # every CJK ideograph becomes its own word
+                strip_accents=strip_accents,
+                lowercase=lowercase,
+            )
+        ]
     )
     tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()  # whitespace, then each punctuation char alone
     tokenizer.decoder = decoders.WordPiece(prefix=CONTINUING_SUBWORD_PREFIX)  # "play ##ing" -> "playing"
@@ -376,7 +400,7 @@ def read_text_file(path: str | os.PathLike) -> Iterator[str]:
                 yield line
     except UnicodeDecodeError as err:
         raise ValueError(
-            f"{path} is not UTF-8 text (line {line_number + 1}: {err.reason}); convert it first, "
+            f"{path} is not UTF-8 text (near line {line_number + 1}: {err.reason}); convert it first, "
             f"e.g. `iconv -f latin1 -t utf-8 {path.name}`."
         ) from None
 
@@ -539,3 +563,172 @@ def tokenizer_from_vocab(
         handle_chinese_chars=handle_chinese_chars,
         model_max_length=model_max_length,
     )
+
+
+# --------------------------------------------------------------------------------------
+# The algorithm, written out
+# --------------------------------------------------------------------------------------
+
+
+def wordpiece_tokenize(
+    word: str,
+    vocab,
+    unk_token: str = UNK_TOKEN,
+    prefix: str = CONTINUING_SUBWORD_PREFIX,
+    max_input_chars_per_word: int = MAX_INPUT_CHARS_PER_WORD,
+) -> list[str]:
+    """Split one pre-tokenized word into WordPiece tokens: greedy longest-match-first.
+
+    This is the algorithm of BERT's `WordpieceTokenizer` in plain Python, the readable
+    reference for the Rust `models.WordPiece` (the tests check they agree). From the
+    start of the word, take the longest piece that is in `vocab`, then continue after it
+    with `prefix`-marked pieces. If at some point no piece matches, the whole word is
+    `unk_token` (not just the unmatched rest).
+
+        >>> vocab = {"un", "##aff", "##able"}
+        >>> wordpiece_tokenize("unaffable", vocab)
+        ['un', '##aff', '##able']
+        >>> wordpiece_tokenize("unaffablex", vocab)  # "##x" is not in the vocabulary
+        ['[UNK]']
+    """
+    if len(word) > max_input_chars_per_word:
+        return [unk_token]
+    pieces: list[str] = []
+    start = 0
+    while start < len(word):
+        # Try word[start:], then one character shorter, and so on.
+        for end in range(len(word), start, -1):
+            piece = word[start:end] if start == 0 else prefix + word[start:end]
+            if piece in vocab:
+                break
+        else:
+            return [unk_token]
+        pieces.append(piece)
+        start = end
+    return pieces
+
+
+def python_tokenize(tokenizer: ScratchBertTokenizer, text: str) -> list[str]:
+    """`tokenizer.tokenize(text)` with the WordPiece step done by `wordpiece_tokenize`.
+
+    Normalization and pre-tokenization are the tokenizer's own (Rust) steps; special
+    tokens written in the text (e.g. "[MASK]") are not recognised here.
+    """
+    backend = tokenizer.backend_tokenizer
+    vocab = backend.get_vocab(with_added_tokens=False)
+    normalized = backend.normalizer.normalize_str(text)
+    words = [word for word, _span in backend.pre_tokenizer.pre_tokenize_str(normalized)]
+    return [piece for word in words for piece in wordpiece_tokenize(word, vocab)]
+
+
+# --------------------------------------------------------------------------------------
+# Command line: scratchbert train-tokenizer
+# --------------------------------------------------------------------------------------
+
+# Data files `--dataset` reads with the matching `datasets` builder.
+DATASET_FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet", ".txt": "text"}
+
+
+def dataset_texts(name: str, text_column: str = "text", split: str = "train") -> Iterator[list[str]]:
+    """Stream the `text_column` of a `datasets` dataset in batches of strings.
+
+    `name` is a data file (.jsonl, .json, .csv, .parquet, .txt, optionally .gz), a folder
+    written by `Dataset.save_to_disk`, or a dataset name or folder for
+    `datasets.load_dataset` (streamed, so nothing is copied to the cache).
+    """
+    import datasets  # only this command needs it
+
+    path = Path(name)
+    suffixes = [s for s in path.suffixes if s not in (".gz", ".bz2", ".xz", ".zst")]
+    if path.is_dir() and (path / "dataset_info.json").is_file():
+        loaded = datasets.load_from_disk(str(path))
+        if isinstance(loaded, datasets.DatasetDict):
+            if split not in loaded:
+                raise ValueError(f"{name} has no split {split!r}; it has {', '.join(loaded)} (use --split).")
+            loaded = loaded[split]
+    elif path.is_file() and suffixes and suffixes[-1] in DATASET_FILE_BUILDERS:
+        loaded = datasets.load_dataset(DATASET_FILE_BUILDERS[suffixes[-1]], data_files=str(path), split="train", streaming=True)
+    elif path.suffix and not path.exists():
+        raise FileNotFoundError(f"no such dataset file: {name}")
+    else:
+        loaded = datasets.load_dataset(name, split=split, streaming=True)
+    columns = loaded.column_names
+    if columns is not None and text_column not in columns:
+        raise ValueError(f"{name} has no column {text_column!r}; its columns are {', '.join(columns)} (use --text-column).")
+    for batch in loaded.iter(batch_size=TRAIN_BATCH_SIZE):
+        yield [text for text in batch[text_column] if text is not None]
+
+
+def _check_text_files(paths: list[str]) -> list[Path]:
+    """Missing or empty files are errors before any training starts."""
+    checked = []
+    for name in paths:
+        path = Path(name)
+        if not path.exists():
+            raise FileNotFoundError(f"no such file: {name}")
+        if not path.is_file():
+            raise ValueError(f"{name} is not a file; pass text files (e.g. --files {name}/*.txt).")
+        if path.stat().st_size == 0:
+            raise ValueError(f"{name} is empty: there is no text to train on.")
+        checked.append(path)
+    return checked
+
+
+def _with_progress(batches: Iterable[list[str]], description: str) -> Iterator[list[str]]:
+    """Show how many texts have gone to the trainer (tqdm on stderr)."""
+    from tqdm.auto import tqdm
+
+    with tqdm(desc=description, unit=" texts") as bar:
+        for batch in batches:
+            bar.update(len(batch))
+            yield batch
+
+
+def run_train_tokenizer(args: argparse.Namespace) -> int:
+    """Train a tokenizer as `args` say and save it with `save_pretrained` in `args.out`."""
+    from scratchbert.cli import CommandError
+
+    out = Path(args.out)
+    if (out / "tokenizer.json").exists() and not args.overwrite:
+        raise CommandError(f"{out} already holds a tokenizer; choose another --out or pass --overwrite.")
+    if out.exists() and not out.is_dir():
+        raise CommandError(f"--out {out} is a file; give a directory.")
+    if args.files:
+        source = args.files
+        texts = iter_text_batches(_check_text_files(args.files))
+    else:
+        source = [args.dataset]
+        texts = dataset_texts(args.dataset, text_column=args.text_column, split=args.split)
+    tokenizer = train_tokenizer(
+        _with_progress(texts, "reading " + ", ".join(map(str, source))[:60]),
+        vocab_size=args.vocab_size,
+        min_frequency=args.min_frequency,
+        lowercase=not args.cased,
+        model_max_length=args.model_max_length,
+        show_progress=True,
+    )
+    tokenizer.save_pretrained(out)
+    print(f"saved {'a cased' if args.cased else 'an uncased'} WordPiece tokenizer of {len(tokenizer)} tokens to {out}")
+    return 0
+
+
+def add_cli(subparsers) -> None:
+    """Add `scratchbert train-tokenizer` to the command line."""
+    parser = subparsers.add_parser(
+        "train-tokenizer",
+        help="train a BERT WordPiece tokenizer on text files or a dataset",
+        description="Train a BERT WordPiece tokenizer and save it (vocab.txt, tokenizer.json, "
+        "tokenizer_config.json) so that AutoTokenizer.from_pretrained(OUT) loads it.",
+    )
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--files", nargs="+", metavar="PATH", help="UTF-8 text files (.gz read too), one or more texts per line")
+    source.add_argument("--dataset", metavar="NAME", help="a datasets name or folder, a save_to_disk folder, or a .jsonl/.csv/.parquet/.txt file")
+    parser.add_argument("--text-column", default="text", help="column of --dataset holding the text (default: text)")
+    parser.add_argument("--split", default="train", help="split of --dataset to read (default: train)")
+    parser.add_argument("--vocab-size", type=int, default=30522, help="tokens in the vocabulary (default: 30522, BERT's)")
+    parser.add_argument("--min-frequency", type=int, default=2, help="merge only pairs seen this often (default: 2)")
+    parser.add_argument("--cased", action="store_true", help="keep case and accents (default: lowercase and strip accents)")
+    parser.add_argument("--model-max-length", type=int, default=512, help="longest input of the model (default: 512)")
+    parser.add_argument("--out", required=True, metavar="DIR", help="directory to save the tokenizer in")
+    parser.add_argument("--overwrite", action="store_true", help="replace a tokenizer already saved in --out")
+    parser.set_defaults(func=run_train_tokenizer)
