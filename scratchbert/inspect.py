@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import math
 from collections.abc import Iterator
 from pathlib import Path
@@ -81,27 +80,19 @@ def _vocab_is_cased(vocab_file: Path) -> bool:
 def load_tokenizer(model_dir: str | Path, max_length: int = 512):
     """The tokenizer saved with a checkpoint.
 
-    A folder with BERT's `vocab.txt` gets scratchbert's WordPiece tokenizer built from it, with
-    the casing recorded in `tokenizer_config.json` (`do_lower_case`) or, when there is none,
-    inferred from the vocabulary. Any other saved tokenizer is loaded with `AutoTokenizer`.
+    A folder with a saved tokenizer (`tokenizer.json` or `tokenizer_config.json`) loads it
+    with `AutoTokenizer`, exactly as saved. A folder with only BERT's `vocab.txt` (older
+    checkpoints) gets scratchbert's WordPiece tokenizer built from it, lowercasing unless the
+    vocabulary itself holds upper-case tokens.
     """
     model_dir = Path(model_dir)
-    vocab_file = model_dir / "vocab.txt"
-    config_file = model_dir / "tokenizer_config.json"
-    if vocab_file.is_file():
-        settings = json.loads(config_file.read_text(encoding="utf-8")) if config_file.is_file() else {}
-        lowercase = settings.get("do_lower_case")
-        return tokenizer_from_vocab(
-            vocab_file,
-            lowercase=not _vocab_is_cased(vocab_file) if lowercase is None else bool(lowercase),
-            strip_accents=settings.get("strip_accents"),
-            handle_chinese_chars=settings.get("tokenize_chinese_chars", True),
-            model_max_length=max_length,
-        )
-    if config_file.is_file() or (model_dir / "tokenizer.json").is_file():
+    if (model_dir / "tokenizer.json").is_file() or (model_dir / "tokenizer_config.json").is_file():
         return AutoTokenizer.from_pretrained(model_dir)
+    vocab_file = model_dir / "vocab.txt"
+    if vocab_file.is_file():
+        return tokenizer_from_vocab(vocab_file, lowercase=not _vocab_is_cased(vocab_file), model_max_length=max_length)
     raise FileNotFoundError(
-        f"{model_dir} has no tokenizer (no vocab.txt, tokenizer.json or tokenizer_config.json): "
+        f"{model_dir} has no tokenizer (no tokenizer.json, tokenizer_config.json or vocab.txt): "
         "save it next to the model with tokenizer.save_pretrained(folder)."
     )
 
@@ -155,6 +146,8 @@ def fill_mask(model: PreTrainedModel, tokenizer, text: str, top_k: int = DEFAULT
     """
     if not isinstance(top_k, int) or top_k < 1:
         raise ValueError(f"top_k={top_k!r}: ask for at least 1 prediction.")
+    if tokenizer.mask_token_id is None:
+        raise ValueError("this tokenizer has no mask token, so there is nothing to fill in; use the checkpoint's BERT tokenizer.")
     max_length = model.config.max_position_embeddings
     encoding = tokenizer(text, truncation=True, max_length=max_length, return_tensors="pt")
     input_ids = encoding["input_ids"]  # (1, S)

@@ -241,3 +241,16 @@ def test_attention_map_cli_rejects_a_missing_layer_and_folder(tiny_checkpoint, t
 def test_save_figure_writes_the_requested_file(tmp_path):
     figure = plot_attention(["a", "b"], torch.eye(2)[None])
     assert save_figure(figure, tmp_path / "one.png").stat().st_size > 1000
+
+
+def test_checkpoint_without_tokenizer_is_a_clear_error(tmp_path):
+    torch.manual_seed(0)
+    ScratchBertForPreTraining(tiny_config(60)).save_pretrained(tmp_path)
+    with pytest.raises(FileNotFoundError, match="has no tokenizer.*tokenizer.save_pretrained"):
+        load_masked_lm(tmp_path)
+
+
+def test_saved_tokenizer_is_loaded_as_saved(tiny_checkpoint):
+    _, tokenizer = load_masked_lm(tiny_checkpoint)
+    assert type(tokenizer).__name__ == "ScratchBertTokenizer"
+    assert tokenizer.mask_token == "[MASK]" and tokenizer.pad_token_id == 0
