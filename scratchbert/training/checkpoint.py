@@ -23,7 +23,9 @@ the output directory must be on a filesystem every node sees.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -105,7 +107,8 @@ def save_checkpoint(accelerator, output_dir: str | Path, step: int, trainer_stat
             shutil.rmtree(stale, ignore_errors=True)
         tmp.mkdir()
     accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp))
+    with _quiet_about_tied_weights():
+        accelerator.save_state(str(tmp))
     if accelerator.is_main_process:
         write_json(tmp / STATE_FILE, trainer_state)
     accelerator.wait_for_everyone()
@@ -122,6 +125,25 @@ def save_checkpoint(accelerator, output_dir: str | Path, step: int, trainer_stat
             shutil.rmtree(old, ignore_errors=True)
     accelerator.wait_for_everyone()
     return final
+
+
+class _DropTiedWeightNotice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Removed shared tensor" not in record.getMessage()
+
+
+@contextlib.contextmanager
+def _quiet_about_tied_weights():
+    """`save_state` warns on every save that it stored the tied MLM decoder weight once (safetensors
+    cannot hold one tensor twice). That is expected here and `load_state` re-ties it (the
+    resume test proves it), so the notice is dropped rather than repeated at every checkpoint."""
+    notice_filter = _DropTiedWeightNotice()
+    logger = logging.getLogger("accelerate.utils.other")
+    logger.addFilter(notice_filter)
+    try:
+        yield
+    finally:
+        logger.removeFilter(notice_filter)
 
 
 def read_trainer_state(path: str | Path) -> dict:

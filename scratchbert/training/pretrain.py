@@ -19,7 +19,8 @@ What happens, in order (each step is a function below):
 
 Exact resumption needs every random draw to be reproducible from the checkpoint:
   - data order: Accelerate's seedable sampler (seed + epoch) and `skip_first_batches`;
-  - dropout: torch's global RNG, saved per process by `save_state`;
+  - dropout: torch's global RNG, saved per process by `save_state`, and used by nothing
+    else (the DataLoaders get generators of their own);
   - MLM masks: drawn by the collator from a generator seeded by (seed, epoch, example
     indices) — not from the global stream, because the DataLoader prepares the next batch
     before the current step runs, which would interleave mask and dropout draws
@@ -285,15 +286,23 @@ def make_dataloaders(config: PretrainConfig, tokenizer, train_dataset, eval_data
 
     train_collate = SeededCollator(collator(), config.seed)
     eval_collate = SeededCollator(collator(), config.seed + 1)  # fixed masks: every evaluation sees the same
+    # Each DataLoader gets its own generator: starting an iteration draws a worker base seed
+    # from it, and from torch's global RNG (dropout's stream) if it had none — which would
+    # shift dropout in a resumed run, since it starts iterating at a different moment.
     train_loader = DataLoader(
         IndexedDataset(train_dataset),
         batch_size=config.batch_size,
         shuffle=True,
         collate_fn=train_collate,
         num_workers=config.num_workers,
+        generator=torch.Generator().manual_seed(config.seed),
     )
     eval_loader = DataLoader(
-        IndexedDataset(eval_dataset), batch_size=config.batch_size, collate_fn=eval_collate, num_workers=config.num_workers
+        IndexedDataset(eval_dataset),
+        batch_size=config.batch_size,
+        collate_fn=eval_collate,
+        num_workers=config.num_workers,
+        generator=torch.Generator().manual_seed(config.seed + 1),
     )
     return train_loader, eval_loader, train_collate
 
@@ -560,7 +569,6 @@ def pretrain(config: PretrainConfig, model_class=None, config_class=None) -> Pre
             "seconds": time.perf_counter() - started, "weight_checksums": checksums.tolist(), **eval_metrics,
         }
     )  # fmt: skip
-    accelerator.end_training()
     if accelerator.is_main_process:
         from scratchbert.training.plotting import plot_training_curves, read_log
 
@@ -571,6 +579,7 @@ def pretrain(config: PretrainConfig, model_class=None, config_class=None) -> Pre
         f"model and tokenizer saved in {output_dir}"
     )
     accelerator.wait_for_everyone()
+    accelerator.end_training()  # closes the trackers (and, when distributed, the process group)
     return PretrainResult(output_dir, step, eval_metrics, time.perf_counter() - started)
 
 
@@ -649,12 +658,15 @@ def fill_mask_predictions(model_dir: str | Path, sentences, top_k: int = 3) -> l
 
     # The fill-mask model is the MLM head alone, so the pooler and NSP weights of the saved
     # pretraining model are (rightly) unused; silence the load report that lists them.
-    verbosity = transformers_logging.get_verbosity()
+    verbosity, bars = transformers_logging.get_verbosity(), transformers_logging.is_progress_bar_enabled()
     transformers_logging.set_verbosity_error()
+    transformers_logging.disable_progress_bar()
     try:
         fill = pipeline("fill-mask", model=str(model_dir), tokenizer=str(model_dir), device="cpu")
     finally:
         transformers_logging.set_verbosity(verbosity)
+        if bars:
+            transformers_logging.enable_progress_bar()
     mask = fill.tokenizer.mask_token
     results = []
     for sentence in sentences:

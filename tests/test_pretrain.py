@@ -1,0 +1,406 @@
+"""The pretraining loop: configuration, atomic checkpoints, exact resumption, errors, reloading, DDP.
+
+Every run here is a tiny model (hidden 32, 2 layers, 4 heads) on a few documents of the
+embedded corpus, for a handful of steps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from accelerate import Accelerator
+from accelerate.state import AcceleratorState
+
+from scratchbert import ScratchBertConfig, ScratchBertForPreTraining
+from scratchbert.training import checkpoint as ckpt
+from scratchbert.training import pretrain as pretrain_module
+from scratchbert.training.config import PRESETS, PretrainConfig, add_config_arguments, config_from_args
+from scratchbert.training.data import default_corpus_documents
+from scratchbert.training.pretrain import LOG_FILE, NonFiniteLossError, pretrain
+
+REPO = Path(__file__).resolve().parents[1]
+
+TINY = {
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "intermediate_size": 64,
+    "max_position_embeddings": 64,
+    "max_seq_length": 32,
+    "batch_size": 8,
+    "max_steps": 8,
+    "learning_rate": 3e-3,
+    "eval_every": 4,
+    "save_every": 2,
+    "log_every": 1,
+    "report_to": "none",
+    "progress_bar": False,
+}
+
+
+@pytest.fixture(autouse=True)
+def fresh_accelerator_state():
+    """Accelerate keeps process-wide state; each in-process run starts from none."""
+    AcceleratorState._reset_state(reset_partial_state=True)
+    yield
+    AcceleratorState._reset_state(reset_partial_state=True)
+
+
+@pytest.fixture(scope="module")
+def corpus_file(tmp_path_factory) -> Path:
+    """A small text file: 12 documents of the embedded CPython documentation, blank-line separated.
+
+    Each document is flattened into one paragraph so the file's blank lines separate
+    documents (not paragraphs); about 75 sentence pairs of 32 tokens, i.e. an epoch of
+    ~9 batches of 8, so an 8-step run with accumulation 2 crosses an epoch boundary.
+    """
+    documents = default_corpus_documents()[:40:3]
+    text = "\n\n".join(" ".join(doc.split()[:65]) for doc in documents)
+    path = tmp_path_factory.mktemp("corpus") / "docs.txt"
+    path.write_text(text + "\n", encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory, corpus_file) -> Path:
+    """One tokenizer for all runs: WordPiece training breaks ties differently from one process to
+    the next, and runs that must match exactly need the same vocabulary."""
+    from scratchbert.tokenization import train_tokenizer
+
+    path = tmp_path_factory.mktemp("tokenizer")
+    train_tokenizer([str(corpus_file)], vocab_size=400, show_progress=False).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny_config(corpus_file, tokenizer_dir):
+    def make(output_dir: Path, **overrides) -> PretrainConfig:
+        values = {**TINY, "train_files": [str(corpus_file)], "tokenizer": str(tokenizer_dir), "output_dir": str(output_dir)}
+        return PretrainConfig(**{**values, **overrides})
+
+    return make
+
+
+def read_log(output_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (output_dir / LOG_FILE).read_text().splitlines() if line.strip()]
+
+
+def final_weights(output_dir: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(output_dir / "model.safetensors")
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory, tiny_config) -> Path:
+    """One uninterrupted 8-step run with gradient accumulation 2 (the reference for resumption)."""
+    AcceleratorState._reset_state(reset_partial_state=True)
+    output_dir = tmp_path_factory.mktemp("runs") / "full"
+    pretrain(tiny_config(output_dir, gradient_accumulation_steps=2))
+    AcceleratorState._reset_state(reset_partial_state=True)
+    return output_dir
+
+
+# --- configuration -------------------------------------------------------------------
+
+
+def test_presets_have_bert_miniature_geometry():
+    expected = {"tiny": (2, 128), "mini": (4, 256), "small": (4, 512), "medium": (8, 512), "base": (12, 768)}
+    assert PRESETS == expected
+    for name, (layers, hidden) in expected.items():
+        config = PretrainConfig(preset=name)
+        assert (config.num_hidden_layers, config.hidden_size) == (layers, hidden)
+        assert config.num_attention_heads == hidden // 64
+        assert config.intermediate_size == 4 * hidden
+        assert config.output_dir == str(Path("runs") / name)
+
+
+def test_config_file_then_flags_override(tmp_path):
+    import argparse
+
+    config_file = tmp_path / "run.yaml"
+    config_file.write_text(yaml.safe_dump({"preset": "mini", "learning-rate": 2e-4, "max_steps": 50, "train_files": ["a.txt"]}))
+    parser = argparse.ArgumentParser()
+    add_config_arguments(parser)
+
+    from_file = config_from_args(parser.parse_args(["--config", str(config_file)]))
+    assert (from_file.preset, from_file.hidden_size, from_file.learning_rate, from_file.max_steps) == ("mini", 256, 2e-4, 50)
+    assert from_file.train_files == ["a.txt"]
+    assert from_file.batch_size == PretrainConfig.batch_size  # untouched fields keep their defaults
+
+    overridden = config_from_args(
+        parser.parse_args(["--config", str(config_file), "--max-steps", "7", "--hidden-size", "512", "--no-lowercase"])
+    )
+    assert (overridden.max_steps, overridden.hidden_size, overridden.num_attention_heads, overridden.lowercase) == (7, 512, 8, False)
+    assert overridden.learning_rate == 2e-4
+
+    # The resolved configuration saved as JSON loads back identically.
+    overridden.save(tmp_path / "resolved.json")
+    assert PretrainConfig.from_file(tmp_path / "resolved.json") == overridden
+
+
+def test_config_errors_are_clear(tmp_path):
+    with pytest.raises(ValueError, match="max_seq_length=600 is longer than max_position_embeddings=512"):
+        PretrainConfig(max_seq_length=600)
+    with pytest.raises(ValueError, match="unknown pretraining option.*learnig_rate"):
+        PretrainConfig.from_dict({"learnig_rate": 1e-3})
+    with pytest.raises(ValueError, match="unknown preset 'huge'"):
+        PretrainConfig(preset="huge")
+    with pytest.raises(ValueError, match="not divisible"):
+        PretrainConfig(hidden_size=100, num_attention_heads=3)
+    (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
+    with pytest.raises(ValueError, match="must hold a mapping"):
+        PretrainConfig.from_file(tmp_path / "list.yaml")
+    with pytest.raises(FileNotFoundError):
+        PretrainConfig.from_file(tmp_path / "missing.yaml")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="fp16.*needs a GPU"):
+            pretrain_module.build_accelerator(PretrainConfig(mixed_precision="fp16"))
+
+
+def test_no_weight_decay_on_biases_and_layernorm():
+    model = ScratchBertForPreTraining(ScratchBertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64))
+    decay, no_decay = pretrain_module.parameter_groups(model, 0.01)
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert decay["weight_decay"] == 0.01 and no_decay["weight_decay"] == 0.0
+    assert all(names[id(p)].endswith("bias") or "LayerNorm" in names[id(p)] for p in no_decay["params"])
+    assert all(not names[id(p)].endswith("bias") and "LayerNorm" not in names[id(p)] for p in decay["params"])
+    assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
+
+
+def test_learning_rate_warms_up_then_decays_linearly():
+    factor = pretrain_module.warmup_then_linear_decay(max_steps=10, warmup_steps=4)
+    assert [round(factor(s), 4) for s in range(11)] == [0.25, 0.5, 0.75, 1.0, 1.0, 0.8333, 0.6667, 0.5, 0.3333, 0.1667, 0.0]
+
+
+# --- checkpoints -------------------------------------------------------------------------
+
+
+def _tiny_training_state():
+    accelerator = Accelerator(cpu=True)
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    return accelerator, model, optimizer
+
+
+def _train_one_step(model, optimizer):
+    model(torch.randn(3, 4)).sum().backward()
+    optimizer.step()
+    optimizer.zero_grad()
+
+
+def test_checkpoint_crash_mid_write_leaves_previous_intact(tmp_path, monkeypatch):
+    accelerator, model, optimizer = _tiny_training_state()
+    _train_one_step(model, optimizer)
+    state = {"step": 2, "epoch": 0, "batches_in_epoch": 2, "config": {}}
+    saved = ckpt.save_checkpoint(accelerator, tmp_path, 2, state, keep_last=2)
+    weights_at_2 = model.weight.detach().clone()
+    files_at_2 = {p.name: p.read_bytes() for p in saved.iterdir()}
+
+    # The process dies while writing step 4: some files written, then the crash.
+    _train_one_step(model, optimizer)
+    real_save_state = accelerator.save_state
+
+    def crash_mid_write(output_dir, **kwargs):
+        real_save_state(output_dir, **kwargs)
+        (Path(output_dir) / "model.safetensors").write_bytes(b"half a file")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(accelerator, "save_state", crash_mid_write)
+    with pytest.raises(OSError, match="disk full"):
+        ckpt.save_checkpoint(accelerator, tmp_path, 4, {**state, "step": 4}, keep_last=2)
+    monkeypatch.undo()
+
+    assert [step for step, _ in ckpt.list_checkpoints(tmp_path)] == [2]
+    assert ckpt.latest_checkpoint(tmp_path) == saved
+    assert {p.name: p.read_bytes() for p in saved.iterdir()} == files_at_2  # byte for byte untouched
+    assert (tmp_path / "checkpoints" / ".tmp-step-4").is_dir()  # the debris, ignored
+    assert ckpt.load_checkpoint(accelerator, saved)["step"] == 2
+    assert torch.equal(model.weight.detach(), weights_at_2)
+
+    # The next save clears the debris and rotates to the last two.
+    for step in (4, 6):
+        _train_one_step(model, optimizer)
+        ckpt.save_checkpoint(accelerator, tmp_path, step, {**state, "step": step}, keep_last=2)
+    assert [step for step, _ in ckpt.list_checkpoints(tmp_path)] == [4, 6]
+    assert not list((tmp_path / "checkpoints").glob(".tmp-*"))
+
+
+def test_damaged_checkpoint_is_reported(tmp_path):
+    broken = tmp_path / "checkpoints" / "step-3"
+    broken.mkdir(parents=True)
+    (broken / ckpt.STATE_FILE).write_text("{not json")
+    with pytest.raises(ValueError, match="damaged"):
+        ckpt.read_trainer_state(broken)
+    assert ckpt.config_differences({"hidden_size": 32, "max_steps": 8}, {"hidden_size": 64, "max_steps": 9}) == [
+        "hidden_size: checkpoint 32, now 64"
+    ]
+
+
+# --- the loop ----------------------------------------------------------------------------
+
+
+class Preempted(Exception):
+    """Stands for the process being killed."""
+
+
+def test_stopped_and_resumed_run_ends_with_identical_weights(finished_run, tiny_config, tmp_path, monkeypatch):
+    output_dir = tmp_path / "interrupted"
+    config = tiny_config(output_dir, gradient_accumulation_steps=2)
+    real_save = pretrain_module.save_checkpoint
+
+    def save_then_die(accelerator, out, step, state, keep_last):
+        path = real_save(accelerator, out, step, state, keep_last)
+        if step == 6:  # 12 micro-batches in: past the first epoch, in the middle of the second
+            raise Preempted
+        return path
+
+    monkeypatch.setattr(pretrain_module, "save_checkpoint", save_then_die)
+    with pytest.raises(Preempted):
+        pretrain(config)
+    monkeypatch.undo()
+    state = ckpt.read_trainer_state(ckpt.latest_checkpoint(output_dir))
+    assert state["step"] == 6 and state["epoch"] >= 1 and state["batches_in_epoch"] > 0  # really mid-epoch
+    assert not (output_dir / "model.safetensors").exists()
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    pretrain(tiny_config(output_dir, gradient_accumulation_steps=2, resume=True))
+
+    expected, resumed = final_weights(finished_run), final_weights(output_dir)
+    assert expected.keys() == resumed.keys()
+    for name in expected:
+        assert torch.equal(expected[name], resumed[name]), name
+    # The log of the resumed run reads as one run: same losses, step by step.
+    losses = lambda d: [(r["step"], r["loss"]) for r in read_log(d) if r["type"] == "train"]  # noqa: E731
+    assert losses(output_dir) == losses(finished_run)
+
+
+def test_finished_run_reloads_with_auto_classes_and_fill_mask(finished_run):
+    import scratchbert  # noqa: F401  (registers the Auto classes)
+    from transformers import AutoModel, AutoModelForPreTraining, AutoTokenizer, pipeline
+
+    tokenizer = AutoTokenizer.from_pretrained(finished_run)
+    model = AutoModelForPreTraining.from_pretrained(finished_run)
+    assert type(model).__name__ == "ScratchBertForPreTraining"
+    assert model.config.vocab_size == len(tokenizer)
+    encoder = AutoModel.from_pretrained(finished_run)
+    batch = tokenizer("the return statement leaves a function.", return_tensors="pt")
+    assert encoder(**batch).last_hidden_state.shape == (1, batch["input_ids"].shape[1], 32)
+    predictions = pipeline("fill-mask", model=str(finished_run), tokenizer=str(finished_run))(f"a {tokenizer.mask_token} b")
+    assert len(predictions) == 5
+
+    records = read_log(finished_run)
+    train = [r for r in records if r["type"] == "train"]
+    assert [r["step"] for r in train] == list(range(1, 9))
+    assert train[-1]["learning_rate"] == 0.0 and all(r["tokens_per_second"] > 0 for r in train)
+    assert train[-1]["loss"] < train[0]["loss"]
+    evals = [r for r in records if r["type"] == "eval"]
+    assert [r["step"] for r in evals] == [4, 8]
+    assert all(0 <= r["mlm_accuracy"] <= 1 and 0 <= r["nsp_accuracy"] <= 1 for r in evals)
+    final = records[-1]
+    assert final["type"] == "final" and final["eval_examples"] == records[0]["eval_examples"]
+    assert (finished_run / "training_curves.png").stat().st_size > 10_000
+    assert [step for step, _ in ckpt.list_checkpoints(finished_run)] == [6, 8]  # keep_last=2
+
+
+# --- errors ------------------------------------------------------------------------------
+
+
+def test_existing_run_needs_resume_or_overwrite(finished_run, tiny_config):
+    with pytest.raises(ValueError, match="already holds a run.*--resume.*--overwrite"):
+        pretrain(tiny_config(finished_run, gradient_accumulation_steps=2))
+
+
+def test_incompatible_checkpoint_is_refused(finished_run, tiny_config):
+    with pytest.raises(ValueError, match="different options(.|\n)*hidden_size: checkpoint 32, now 64"):
+        pretrain(tiny_config(finished_run, gradient_accumulation_steps=2, resume=True, hidden_size=64))
+
+
+def test_tokenizer_vocabulary_must_match_the_model(tiny_config, tmp_path):
+    with pytest.raises(ValueError, match=r"the tokenizer has \d+ tokens but the model's vocab_size is 999"):
+        pretrain(tiny_config(tmp_path / "run", vocab_size=999))
+
+
+def test_empty_corpus_is_an_error(tiny_config, tmp_path):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n   \n\n")
+    with pytest.raises(ValueError, match="no documents|holds no text"):
+        pretrain(tiny_config(tmp_path / "run", train_files=[str(empty)]))
+
+
+class LossTurnsNaN(ScratchBertForPreTraining):
+    """Returns a NaN loss from the 9th forward pass on (step 5 without accumulation)."""
+
+    calls = 0
+
+    def forward(self, **kwargs):
+        output = super().forward(**kwargs)
+        type(self).calls += 1
+        if type(self).calls >= 9 and self.training:
+            output.loss = output.loss * float("nan")
+        return output
+
+
+def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tiny_config, tmp_path):
+    output_dir = tmp_path / "run"
+    with pytest.raises(NonFiniteLossError, match=r"became nan at step 9.*last good checkpoint is .*step-8"):
+        pretrain(tiny_config(output_dir, max_steps=12, eval_every=0, save_every=4), LossTurnsNaN, ScratchBertConfig)
+    assert [step for step, _ in ckpt.list_checkpoints(output_dir)] == [4, 8]
+    assert not (output_dir / "model.safetensors").exists()
+    weights = torch.load(ckpt.latest_checkpoint(output_dir) / "optimizer.bin", weights_only=False)
+    assert weights  # the last good checkpoint is intact and loadable
+
+
+def test_command_line_reports_errors_in_one_line(tmp_path, capsys):
+    import argparse
+
+    code = pretrain_module.main(["--max-seq-length", "600", "--output-dir", str(tmp_path)])
+    assert code == 2
+    assert "max_seq_length=600 is longer than max_position_embeddings=512" in capsys.readouterr().err
+
+    # `scratchbert pretrain` is the same parser, added by add_cli
+    parser = argparse.ArgumentParser()
+    pretrain_module.add_cli(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["pretrain", "--preset", "mini", "--max-steps", "3", "--fill-mask", "a [MASK] b"])
+    assert args.func is pretrain_module.run and args.preset == "mini" and args.fill_mask == ["a [MASK] b"]
+
+
+# --- several processes -------------------------------------------------------------------
+
+
+def test_two_process_ddp_on_cpu(corpus_file, tokenizer_dir, tmp_path):
+    """`accelerate launch --multi_gpu --num_processes 2`: gloo DDP on CPU."""
+    output_dir = tmp_path / "ddp"
+    flags = {**TINY, "max_steps": 12, "eval_every": 6, "save_every": 6, "log_every": 3, "learning_rate": 5e-3}
+    command = [
+        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+        "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "29517",
+        "-m", "scratchbert.training.pretrain", "--train-files", str(corpus_file), "--tokenizer", str(tokenizer_dir),
+        "--output-dir", str(output_dir),
+    ]  # fmt: skip
+    for name, value in flags.items():
+        flag = "--" + name.replace("_", "-")
+        command += [flag] if value is True else [f"--no-{flag[2:]}"] if value is False else [flag, str(value)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    records = read_log(output_dir)
+    assert records[0]["num_processes"] == 2
+    train = [r["loss"] for r in records if r["type"] == "train"]
+    assert train[-1] < train[0], train
+    final = records[-1]
+    assert len(final["weight_checksums"]) == 2 and final["weight_checksums"][0] == final["weight_checksums"][1]
+    evals = [r for r in records if r["type"] == "eval"]
+    # gathered over both processes: every held-out example counted once, none twice
+    assert all(r["eval_examples"] == records[0]["eval_examples"] for r in evals)
+    saved = set(os.listdir(ckpt.latest_checkpoint(output_dir)))
+    assert {"random_states_0.pkl", "random_states_1.pkl", "trainer_state.json"} <= saved  # each rank's RNG streams
