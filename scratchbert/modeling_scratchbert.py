@@ -893,6 +893,9 @@ class ScratchBertForQuestionAnswering(ScratchBertPreTrainedModel):
         super().__init__(config)
         self.num_labels = config.num_labels
         self.bert = ScratchBertModel(config, add_pooling_layer=False)
+        # The span softmax runs over every position, padding included (as in BERT), so the
+        # padded positions' states matter here: keep the padded layout for this head.
+        self.bert.padding_free = False
         self.qa_outputs = nn.Linear(config.hidden_size, 2)
         self.post_init()
 

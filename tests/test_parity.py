@@ -3,7 +3,12 @@
 Every comparison is in fp32, with the model in eval mode (dropout off) unless a test says
 otherwise. Tolerances: 1e-5 absolute on hidden states, pooled outputs and logits; 1e-6 on
 attention probabilities (they lie in [0, 1]); 1e-5 on losses. Each check prints its largest
-measured difference as a `PARITY` line (`pytest -s -k parity` shows them).
+measured difference as a `PARITY` line (`pytest -s tests/test_parity.py` shows them).
+
+Token-level outputs of padded batches are compared at the real tokens: what a model writes
+at padded positions means nothing (no loss or prediction reads it), and scratchbert's
+padding-free path writes zeros there. `test_padded_layout_matches_everywhere_without_padding_free`
+shows the padded layout itself agrees at every position too.
 """
 
 from __future__ import annotations
@@ -46,8 +51,11 @@ BERT_BASE = dict(
 SMALL = dict(vocab_size=211, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=96, max_position_embeddings=64)
 
 
-def assert_parity(name: str, ours: torch.Tensor, theirs: torch.Tensor, atol: float = ATOL) -> None:
+def assert_parity(name: str, ours: torch.Tensor, theirs: torch.Tensor, atol: float = ATOL, keep=None) -> None:
+    """Assert max |ours - theirs| <= atol; with `keep` (B, S), only at real tokens of (B, S, ...) outputs."""
     assert ours.shape == theirs.shape, f"{name}: shape {tuple(ours.shape)} != {tuple(theirs.shape)}"
+    if keep is not None:
+        ours, theirs = ours[keep.bool()], theirs[keep.bool()]  # (real tokens, ...)
     diff = (ours.detach().float() - theirs.detach().float()).abs().max().item() if ours.numel() else 0.0
     print(f"PARITY {name}: max |diff| = {diff:.3g} (tolerance {atol:g})")
     assert diff <= atol, f"{name}: max |diff| {diff:.3g} > {atol:g}"
@@ -101,14 +109,15 @@ def test_pretraining_model_at_bert_base_geometry(bert_base_random_dir, attn_impl
         base_a = ours.bert(**batch)
         base_b = theirs.bert(**batch)
     tag = f"bert-base/{attn_implementation}"
-    assert_parity(f"{tag} last_hidden_state", base_a.last_hidden_state, base_b.last_hidden_state)
+    keep = batch["attention_mask"]
+    assert_parity(f"{tag} last_hidden_state", base_a.last_hidden_state, base_b.last_hidden_state, keep=keep)
     assert_parity(f"{tag} pooler_output", base_a.pooler_output, base_b.pooler_output)
-    assert_parity(f"{tag} MLM logits", a.prediction_logits, b.prediction_logits)
+    assert_parity(f"{tag} MLM logits", a.prediction_logits, b.prediction_logits, keep=keep)
     assert_parity(f"{tag} NSP logits", a.seq_relationship_logits, b.seq_relationship_logits)
     assert_parity(f"{tag} loss", a.loss, b.loss)
     assert len(a.hidden_states) == len(b.hidden_states) == 13
     for i, (x, y) in enumerate(zip(a.hidden_states, b.hidden_states)):
-        assert_parity(f"{tag} hidden_states[{i}]", x, y)
+        assert_parity(f"{tag} hidden_states[{i}]", x, y, keep=keep)
     assert len(a.attentions) == 12
     if attn_implementation == "eager":
         for i, (x, y) in enumerate(zip(a.attentions, b.attentions)):
@@ -122,6 +131,20 @@ def test_pretraining_model_at_bert_base_geometry(bert_base_random_dir, attn_impl
             maps = eager(**batch, output_attentions=True).attentions
         for i, (x, y) in enumerate(zip(a.attentions, maps)):
             assert_parity(f"{tag} attentions[{i}] vs eager", x, y, ATOL_PROBS)
+
+
+def test_padded_layout_matches_everywhere_without_padding_free(rxnfp_dir):
+    """With the padding-free path off, even the (meaningless) padded positions match transformers' eager BERT."""
+    ours, theirs = load_pair(ScratchBertForPreTraining, transformers.BertForPreTraining, rxnfp_dir, "eager")
+    ours.bert.padding_free = False
+    batch, _ = rxnfp_batch(rxnfp_dir)
+    assert (batch["attention_mask"] == 0).any()
+    with torch.no_grad():
+        a = ours(**batch, output_hidden_states=True)
+        b = theirs(**batch, output_hidden_states=True)
+    for i, (x, y) in enumerate(zip(a.hidden_states, b.hidden_states)):
+        assert_parity(f"padded layout hidden_states[{i}] at every position", x, y)
+    assert_parity("padded layout MLM logits at every position", a.prediction_logits, b.prediction_logits)
 
 
 # --- (a) every other head, small geometry ------------------------------------------------------
@@ -171,7 +194,9 @@ def test_every_head_matches_its_transformers_counterpart(name, ours_class, their
     with torch.no_grad():
         a, b = ours(**batch, **labels), theirs(**batch, **labels)
     for field in fields:
-        assert_parity(f"{name}/{attn_implementation} {field}", a[field], b[field])
+        token_level = a[field].dim() >= batch["attention_mask"].dim() and a[field].shape[:2] == batch["attention_mask"].shape
+        keep = batch["attention_mask"] if token_level else None
+        assert_parity(f"{name}/{attn_implementation} {field}", a[field], b[field], keep=keep)
     if labels:
         assert_parity(f"{name}/{attn_implementation} loss", a.loss, b.loss)
 
@@ -219,10 +244,11 @@ def test_minilm_real_weights_on_real_text(minilm_dir, bert_vocab_file, shared_da
             a = ours(**batch, output_hidden_states=True)
             b = theirs(**batch, output_hidden_states=True)
         tag = f"MiniLM/{attn_implementation}/{kind}"
-        assert_parity(f"{tag} last_hidden_state", a.last_hidden_state, b.last_hidden_state)
+        keep = batch["attention_mask"]
+        assert_parity(f"{tag} last_hidden_state", a.last_hidden_state, b.last_hidden_state, keep=keep)
         assert_parity(f"{tag} pooler_output", a.pooler_output, b.pooler_output)
         for i, (x, y) in enumerate(zip(a.hidden_states, b.hidden_states)):
-            assert_parity(f"{tag} hidden_states[{i}]", x, y)
+            assert_parity(f"{tag} hidden_states[{i}]", x, y, keep=keep)
 
 
 # --- (c) real weights with pretraining heads: rxnfp -------------------------------------------
@@ -270,7 +296,7 @@ def test_rxnfp_pretraining_heads_real_weights(rxnfp_dir, attn_implementation):
         a = ours(**batch, labels=labels, next_sentence_label=nsp)
         b = theirs(**batch, labels=labels, next_sentence_label=nsp)
     tag = f"rxnfp/{attn_implementation}"
-    assert_parity(f"{tag} MLM logits", a.prediction_logits, b.prediction_logits)
+    assert_parity(f"{tag} MLM logits", a.prediction_logits, b.prediction_logits, keep=batch["attention_mask"])
     assert_parity(f"{tag} NSP logits", a.seq_relationship_logits, b.seq_relationship_logits)
     assert_parity(f"{tag} loss", a.loss, b.loss)
     masked = labels != -100
@@ -296,7 +322,7 @@ def test_bert_base_uncased_from_local_cache(bert_vocab_file, shared_data):
     batch = tokenizer(novel_sentences(shared_data, 8), padding=True, truncation=True, max_length=128, return_tensors="pt")
     with torch.no_grad():
         a, b = ours(**batch), theirs(**batch)
-    assert_parity("bert-base-uncased MLM logits", a.prediction_logits, b.prediction_logits)
+    assert_parity("bert-base-uncased MLM logits", a.prediction_logits, b.prediction_logits, keep=batch["attention_mask"])
     assert_parity("bert-base-uncased NSP logits", a.seq_relationship_logits, b.seq_relationship_logits)
 
 
@@ -372,7 +398,7 @@ def test_export_to_transformers_bert_loads_with_no_missing_keys(tmp_path, rxnfp_
     batch, _ = rxnfp_batch(rxnfp_dir)
     with torch.no_grad():
         a, b = ours(**batch), theirs.eval()(**batch)
-    assert_parity("export MLM logits", a.prediction_logits, b.prediction_logits)
+    assert_parity("export MLM logits", a.prediction_logits, b.prediction_logits, keep=batch["attention_mask"])
     assert_parity("export NSP logits", a.seq_relationship_logits, b.seq_relationship_logits)
 
 
