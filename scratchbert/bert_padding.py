@@ -50,13 +50,13 @@ CALL_COST = 128 * 128
 class AttentionBucket:
     """Sequences of similar length attended together in one call, padded to the longest.
 
-    gather: (n * L,) rows of the packed (T, ...) tensor to place in the (n, L) bucket grid,
-        sequence by sequence; slots past a sequence's end repeat its first token (masked).
-    key_mask: (n, 1, 1, L) additive mask hiding those slots as keys, or None when all n
-        sequences have length L exactly.
+    rows: this bucket's slice of the gathered grid rows (see `PackedSequences.gather`), n * L
+        rows that view as (n, L): sequence by sequence, slot by slot.
+    key_mask: (n, 1, 1, L) additive mask hiding the slots past each sequence's end, or None
+        when all n sequences have length L exactly.
     """
 
-    gather: torch.Tensor
+    rows: slice
     key_mask: torch.Tensor | None
     num_seqs: int
     length: int
@@ -73,7 +73,10 @@ class PackedSequences:
     max_seqlen: the longest sequence, in real tokens.
     batch, seq: B and S, to restore the padded layout.
     buckets: how `packed_attention` groups the sequences (see `plan_buckets`).
-    restore: (T,) for packed token t, its row in the concatenated, flattened bucket outputs.
+    gather: (R,) for every slot of every bucket grid (R = sum of n * L), the packed row it
+        reads: one `index_select` lays out all buckets at once. Slots past a sequence's end
+        read its first token; they are masked as keys and their outputs are dropped.
+    restore: (T,) for packed token t, its row among the R grid rows.
     """
 
     indices: torch.Tensor
@@ -82,6 +85,7 @@ class PackedSequences:
     batch: int
     seq: int
     buckets: list[AttentionBucket]
+    gather: torch.Tensor
     restore: torch.Tensor
 
     @property
@@ -157,7 +161,7 @@ def pack_sequences(
     lengths = lengths_t.tolist()
     starts = cu_seqlens[:-1].tolist()
 
-    buckets, real_rows, real_tokens, offset = [], [], [], 0
+    buckets, gathers, real_rows, real_tokens, offset = [], [], [], [], 0
     for members in plan_buckets(lengths, call_cost):
         length = lengths[members[0]]  # longest first
         member_starts = torch.tensor([starts[i] for i in members], device=device)  # (n,)
@@ -169,16 +173,17 @@ def pack_sequences(
         padded = not bool(valid.all())
         buckets.append(
             AttentionBucket(
-                gather=gather.reshape(-1),
+                rows=slice(offset, offset + gather.numel()),
                 key_mask=make_key_mask(valid.long()) if padded else None,
                 num_seqs=len(members),
                 length=length,
             )
         )
         flat_valid = valid.reshape(-1)
-        real_rows.append(offset + flat_valid.nonzero().squeeze(1))  # rows of this bucket's output that are real
+        gathers.append(gather.reshape(-1))
+        real_rows.append(offset + flat_valid.nonzero().squeeze(1))  # grid rows that hold a real token
         real_tokens.append(gather.reshape(-1)[flat_valid])  # ... and which packed token each one is
-        offset += flat_valid.numel()
+        offset += gather.numel()
 
     restore = torch.empty(indices.numel(), dtype=torch.long, device=device)
     if real_tokens:
@@ -190,6 +195,7 @@ def pack_sequences(
         batch=batch,
         seq=seq,
         buckets=buckets,
+        gather=torch.cat(gathers) if gathers else torch.zeros(0, dtype=torch.long, device=device),
         restore=restore,
     )
 
@@ -223,18 +229,18 @@ def packed_attention(
     """
     tokens, hidden = query.shape
     head_dim = hidden // num_heads
+    if not packed.buckets:  # every row fully padded: nothing to attend
+        return query.new_zeros(tokens, hidden)
+    # One gather per projection lays out every bucket's grid; a bucket is then a slice (no copy).
+    grids = [x.index_select(0, packed.gather) for x in (query, key, value)]  # 3 x (R, H)
     outputs = []
     for bucket in packed.buckets:
-
-        def to_grid(x: torch.Tensor) -> torch.Tensor:
-            grid = x.index_select(0, bucket.gather).view(bucket.num_seqs, bucket.length, num_heads, head_dim)
-            return grid.transpose(1, 2)  # (n, A, L, D)
-
-        context, _ = attend(to_grid(query), to_grid(key), to_grid(value), bucket.key_mask, dropout_p)  # (n, A, L, D)
+        shape = (bucket.num_seqs, bucket.length, num_heads, head_dim)
+        q, k, v = (grid[bucket.rows].view(shape).transpose(1, 2) for grid in grids)  # (n, A, L, D) each
+        context, _ = attend(q, k, v, bucket.key_mask, dropout_p)  # (n, A, L, D)
         outputs.append(context.transpose(1, 2).reshape(bucket.num_seqs * bucket.length, hidden))  # (n * L, H)
-    if not outputs:  # every row fully padded: nothing to attend
-        return query.new_zeros(tokens, hidden)
-    return torch.cat(outputs).index_select(0, packed.restore)  # (T, H), packed order
+    context = outputs[0] if len(outputs) == 1 else torch.cat(outputs)  # (R, H)
+    return context.index_select(0, packed.restore)  # (T, H), packed order
 
 
 def labelled_tokens(hidden_states: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

