@@ -17,7 +17,7 @@ COMMANDS = {
     "scratchbert.tokenization": ["train-tokenizer"],
     "scratchbert.training.pretrain": ["pretrain"],
     "scratchbert.training.finetune": ["finetune"],
-    "scratchbert.inspect": ["fill-mask", "attention-map"],
+    "scratchbert.inspection": ["fill-mask", "attention-map"],
     "scratchbert.export": ["export-bert"],
 }
 

@@ -11,7 +11,7 @@ import torch
 
 import scratchbert.cli
 from scratchbert import ScratchBertConfig, ScratchBertForPreTraining, ScratchBertModel
-from scratchbert.inspect import (
+from scratchbert.inspection import (
     FIGURE_DPI,
     attention_weights,
     fill_mask,
@@ -66,7 +66,7 @@ def tiny_encoder_checkpoint(tmp_path_factory):
 
 def run_cli(monkeypatch, capsys, *argv: str) -> tuple[int, str, str]:
     """Run `scratchbert ARGV` through the real dispatcher and error handling, with only this module's commands."""
-    monkeypatch.setattr(scratchbert.cli, "COMMANDS", {"scratchbert.inspect": ["fill-mask", "attention-map"]})
+    monkeypatch.setattr(scratchbert.cli, "COMMANDS", {"scratchbert.inspection": ["fill-mask", "attention-map"]})
     code = scratchbert.cli.main(list(argv))
     captured = capsys.readouterr()
     return code, captured.out, captured.err
