@@ -159,6 +159,7 @@ class ScratchBertSelfAttention(nn.Module):
         self.dropout_p = config.attention_probs_dropout_prob
 
     def split_heads(self, x: torch.Tensor) -> torch.Tensor:
+        """Give each head its own D-wide slice of the projection: (B, S, H) -> (B, A, S, D)."""
         batch, seq, _ = x.shape
         x = x.view(batch, seq, self.num_heads, self.head_dim)  # (B, S, A, D)
         return x.transpose(1, 2)  # (B, A, S, D)
@@ -256,7 +257,11 @@ class ScratchBertLayer(nn.Module):
 
 @dataclass
 class EncoderOutput(ModelOutput):
-    """What the encoder stack returns: the last layer's states and, when asked, every layer's."""
+    """What the encoder stack returns.
+
+    last_hidden_state (B, S, H) — or (T, H) on the padding-free path; hidden_states: L + 1 such
+    tensors (the embeddings first), when asked for; attentions: L tensors (B, A, S, S), when asked for.
+    """
 
     last_hidden_state: torch.Tensor | None = None
     hidden_states: tuple[torch.Tensor, ...] | None = None  # L + 1 tensors (B, S, H), embeddings first
@@ -546,9 +551,11 @@ class ScratchBertModel(ScratchBertPreTrainedModel):
         self.post_init()
 
     def get_input_embeddings(self) -> nn.Embedding:
+        """The word-embedding table, (V, H); transformers resizes it in `resize_token_embeddings`."""
         return self.embeddings.word_embeddings
 
     def set_input_embeddings(self, value: nn.Embedding) -> None:
+        """Replace the word-embedding table with `value`, an `nn.Embedding(V', H)`."""
         self.embeddings.word_embeddings = value
 
     def forward(
@@ -562,6 +569,19 @@ class ScratchBertModel(ScratchBertPreTrainedModel):
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
     ) -> BaseModelOutputWithPooling | tuple:
+        """Encode a batch.
+
+        Args:
+            input_ids: (B, S) token ids, or `inputs_embeds` (B, S, H) instead.
+            attention_mask: (B, S), 1 for real tokens and 0 for padding (default: all real).
+            token_type_ids: (B, S), 0 for segment A, 1 for segment B (default: all 0).
+            position_ids: (B, S) or (1, S) (default: 0 .. S-1).
+            output_attentions / output_hidden_states: also return every layer's
+                attention probabilities (B, A, S, S) / hidden states (B, S, H).
+            return_dict: False returns a plain tuple, as transformers does.
+        Returns:
+            `BaseModelOutputWithPooling`: last_hidden_state (B, S, H), pooler_output (B, H).
+        """
         batch, seq = check_inputs(self.config, input_ids, inputs_embeds, attention_mask, token_type_ids, position_ids)
         device = input_ids.device if input_ids is not None else inputs_embeds.device
         output_attentions = self.config.output_attentions if output_attentions is None else output_attentions
@@ -620,9 +640,11 @@ class _MaskedLMMixin:
     }
 
     def get_output_embeddings(self) -> nn.Linear:
+        """The MLM decoder, `nn.Linear(H, V)`, whose weight is tied to the word embeddings."""
         return self.cls.predictions.decoder
 
     def set_output_embeddings(self, new_embeddings: nn.Linear) -> None:
+        """Replace the MLM decoder (and its bias, which the checkpoint stores as `cls.predictions.bias`)."""
         self.cls.predictions.decoder = new_embeddings
         self.cls.predictions.bias = new_embeddings.bias
 
@@ -688,6 +710,8 @@ class ScratchBertForPreTraining(_MaskedLMMixin, ScratchBertPreTrainedModel):
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
     ) -> ScratchBertForPreTrainingOutput | tuple:
+        """Inputs as in `ScratchBertModel.forward`; labels (B, S) are the original ids at masked
+        positions (-100 elsewhere), next_sentence_label (B,) is 0 for IsNext and 1 for NotNext."""
         encoded = self.bert(
             input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, output_attentions, output_hidden_states
         )
@@ -742,6 +766,8 @@ class ScratchBertForMaskedLM(_MaskedLMMixin, ScratchBertPreTrainedModel):
         return_dict: bool | None = None,
         num_items_in_batch: int | torch.Tensor | None = None,
     ) -> MaskedLMOutput | tuple:
+        """Inputs as in `ScratchBertModel.forward`; labels (B, S): original ids at masked positions,
+        -100 elsewhere; num_items_in_batch: labelled tokens of the whole accumulated batch (Trainer)."""
         encoded = self.bert(
             input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, output_attentions, output_hidden_states
         )
@@ -776,6 +802,7 @@ class ScratchBertForNextSentencePrediction(ScratchBertPreTrainedModel):
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
     ) -> NextSentencePredictorOutput | tuple:
+        """Inputs as in `ScratchBertModel.forward`; labels (B,): 0 if B follows A, 1 if B is random."""
         encoded = self.bert(
             input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, output_attentions, output_hidden_states
         )
@@ -823,6 +850,7 @@ class ScratchBertForSequenceClassification(ScratchBertPreTrainedModel):
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
     ) -> SequenceClassifierOutput | tuple:
+        """Inputs as in `ScratchBertModel.forward`; labels (B,) class ids or values, or (B, num_labels) multi-hot."""
         encoded = self.bert(
             input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, output_attentions, output_hidden_states
         )
@@ -863,6 +891,8 @@ class ScratchBertForTokenClassification(ScratchBertPreTrainedModel):
         return_dict: bool | None = None,
         num_items_in_batch: int | torch.Tensor | None = None,
     ) -> TokenClassifierOutput | tuple:
+        """Inputs as in `ScratchBertModel.forward`; labels (B, S): a class per token, -100 where none
+        (padding, special tokens, word continuations); num_items_in_batch as in `ScratchBertForMaskedLM`."""
         encoded = self.bert(
             input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, output_attentions, output_hidden_states
         )
@@ -912,6 +942,8 @@ class ScratchBertForQuestionAnswering(ScratchBertPreTrainedModel):
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
     ) -> QuestionAnsweringModelOutput | tuple:
+        """Inputs as in `ScratchBertModel.forward`; start_positions, end_positions (B,): the answer
+        span's first and last token; a position >= S (answer outside the window) is ignored."""
         encoded = self.bert(
             input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, output_attentions, output_hidden_states
         )
@@ -968,6 +1000,7 @@ class ScratchBertForMultipleChoice(ScratchBertPreTrainedModel):
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
     ) -> MultipleChoiceModelOutput | tuple:
+        """Inputs as in `ScratchBertModel.forward` with a choice axis: (B, C, S); labels (B,) the right choice."""
         reference = input_ids if input_ids is not None else inputs_embeds
         if reference is None or reference.dim() < 3:
             raise ValueError("ScratchBertForMultipleChoice takes input_ids of shape (batch, num_choices, sequence).")
