@@ -178,6 +178,8 @@ class DataCollatorForPretraining:
             starts = candidate & ~(self._continues_word[input_ids] & previous_is_candidate)
         else:
             starts = candidate
+        if not starts.any():
+            return candidate  # e.g. rows of only [UNK]s: nothing to predict
         # Number the units across the flattened batch; a continuation piece inherits
         # the number of its word's first piece. (batch, seq), -1 before the first unit.
         unit_of = torch.cumsum(starts.flatten(), dim=0).view_as(starts) - 1

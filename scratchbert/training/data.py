@@ -24,8 +24,11 @@ continues A, 1 means B is random.
 
 from __future__ import annotations
 
+import codecs
 import contextlib
+import functools
 import glob
+import json
 import logging
 import os
 import random
@@ -170,7 +173,6 @@ def _looks_like_hub_name(name: str) -> bool:
 def _read_documents(files: list[str], one_document_per_file: bool, encoding: str) -> Iterator[dict[str, str]]:
     """Yield {"text": document} from text files, reading line by line (files may exceed memory)."""
     for path in files:
-        line_number = 0
         try:
             with open(path, encoding=encoding) as handle:
                 if one_document_per_file:
@@ -179,7 +181,7 @@ def _read_documents(files: list[str], one_document_per_file: bool, encoding: str
                         yield {"text": document}
                     continue
                 lines: list[str] = []
-                for line_number, line in enumerate(handle, start=1):
+                for line in handle:
                     if line.strip():
                         lines.append(line.rstrip("\n"))
                     elif lines:
@@ -188,26 +190,38 @@ def _read_documents(files: list[str], one_document_per_file: bool, encoding: str
                 if lines:
                     yield {"text": "\n".join(lines)}
         except UnicodeDecodeError as err:
-            where = "" if one_document_per_file else f" after line {line_number}"
             raise ValueError(
-                f"{path} is not valid {encoding} text ({err.reason}{where}). Convert it, e.g. "
-                f"`iconv -f latin1 -t utf-8 {path}`, or pass its real encoding: load_documents(..., encoding=...)"
+                f"{path} is not valid {encoding} text ({err.reason} on line {_undecodable_line(path, encoding)}). "
+                f"Convert it, e.g. `iconv -f latin1 -t utf-8 {path}`, or pass its real encoding: "
+                "load_documents(..., encoding=...)"
             ) from None
+
+
+def _undecodable_line(path: str, encoding: str) -> int:
+    """The number of the first line that fails to decode (text mode reads in blocks, so it cannot say)."""
+    decoder = codecs.getincrementaldecoder(encoding)()
+    with open(path, "rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            try:
+                decoder.decode(raw)
+            except UnicodeDecodeError:
+                return number
+    return number
 
 
 def _load_text_files(
     files: list[str], one_document_per_file: bool, encoding: str, streaming: bool, cache_dir
 ) -> datasets.Dataset | datasets.IterableDataset:
     gen_kwargs = {"files": files, "one_document_per_file": one_document_per_file, "encoding": encoding}
+    # Reading up to the first document is cheap and turns an empty corpus into a clear error.
+    if next(_read_documents(**gen_kwargs), None) is None:
+        raise ValueError(f"no documents in {_describe(files)}: the files are empty or hold only whitespace")
     if streaming:
-        dataset = datasets.IterableDataset.from_generator(_read_documents, gen_kwargs=gen_kwargs)
-        if next(iter(dataset), None) is None:
-            raise ValueError(f"no documents in {_describe(files)}: the files are empty or hold only whitespace")
-        return dataset
+        return datasets.IterableDataset.from_generator(_read_documents, gen_kwargs=gen_kwargs)
     # Size and modification time go into the cache key, so an edited file is read again.
     signature = [(os.path.abspath(path), os.path.getsize(path), os.path.getmtime(path)) for path in files]
     try:
-        dataset = datasets.Dataset.from_generator(
+        return datasets.Dataset.from_generator(
             _read_documents,
             gen_kwargs=gen_kwargs,
             features=datasets.Features({"text": datasets.Value("string")}),
@@ -218,9 +232,6 @@ def _load_text_files(
         if isinstance(err.__cause__, (ValueError, OSError)):
             raise err.__cause__ from None  # our own message, not the generic wrapper
         raise
-    if len(dataset) == 0:
-        raise ValueError(f"no documents in {_describe(files)}: the files are empty or hold only whitespace")
-    return dataset
 
 
 def _describe(files: list[str]) -> str:
@@ -417,8 +428,31 @@ def tokenize_documents(
         if isinstance(dataset, datasets.IterableDataset):
             return dataset.map(_tokenize_batch, features=TOKENIZED_FEATURES, **map_kwargs)
         return dataset.map(
-            _tokenize_batch, features=TOKENIZED_FEATURES, num_proc=num_proc, desc="Splitting and tokenizing", **map_kwargs
+            _tokenize_batch,
+            features=TOKENIZED_FEATURES,
+            num_proc=num_proc,
+            new_fingerprint=Hasher.hash([dataset._fingerprint, _code_fingerprint(), _tokenizer_fingerprint(tokenizer)]),
+            desc="Splitting and tokenizing",
+            **map_kwargs,
         )
+
+
+def _code_fingerprint() -> str:
+    """A hash of this file's source, part of every cache key: editing the splitter or the
+    pairing code must not reuse results cached by the old code."""
+    return Hasher.hash(Path(__file__).read_bytes())
+
+
+def _tokenizer_fingerprint(tokenizer) -> str:
+    """A cache key for a tokenizer that is cheap to compute (pickling the whole tokenizer,
+    as `datasets` does by default, takes a quarter of a second per map call)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return Hasher.hash(tokenizer)
+    state = json.loads(backend.to_str())
+    state.pop("truncation", None)  # call-time settings, not part of what the tokenizer produces
+    state.pop("padding", None)
+    return Hasher.hash([type(tokenizer).__name__, state])
 
 
 def _main_process_first(accelerator):
@@ -431,16 +465,24 @@ def _main_process_first(accelerator):
 
 
 def cut_long_sentences(sentences: Sequence[TokenIds], max_num_tokens: int) -> list[TokenIds]:
-    """Cut every sentence longer than `max_num_tokens` into consecutive pieces of at most that length.
+    """Cut every sentence longer than half an example into consecutive pieces of at most half.
 
-    A sentence that cannot fit into one example (an unpunctuated wall of text) would
-    otherwise be mostly truncated away; as pieces it still yields examples, and its
-    pieces are consecutive text, so IsNext pairs built from them stay true.
+    A sentence that cannot share an example with another one (an unpunctuated wall of
+    text, a long code listing) would otherwise be mostly truncated away. Cut into
+    pieces of ceil(max_num_tokens / 2) tokens, two neighbouring pieces fill one
+    example as A and B, and since the pieces are consecutive text, IsNext stays true.
+
+    Args:
+        sentences: token ids per sentence.
+        max_num_tokens: room for A and B together in one example.
+    Returns:
+        the pieces, in order; each at most ceil(max_num_tokens / 2) long.
     """
+    piece = (max_num_tokens + 1) // 2
     pieces: list[TokenIds] = []
     for sentence in sentences:
-        for start in range(0, len(sentence), max_num_tokens):
-            pieces.append(list(sentence[start : start + max_num_tokens]))
+        for start in range(0, len(sentence), piece):
+            pieces.append(list(sentence[start : start + piece]))
     return pieces
 
 
@@ -478,8 +520,8 @@ def create_pairs_from_document(
     """Turn one document into (segment A, segment B, next_sentence_label) pairs, as in BERT.
 
     Args:
-        sentences: the document's sentences as token ids, each non-empty and at most
-            `max_num_tokens` long (see `cut_long_sentences`).
+        sentences: the document's sentences as token ids, each non-empty (and best cut
+            with `cut_long_sentences`, as the pipeline does).
         random_document: draws the sentences of a *different* document for NotNext
             pairs; None when there is no other document (then every pair is IsNext).
         rng: the only source of randomness, so a seed fixes the result.
@@ -567,13 +609,19 @@ def _count_segments(batch: dict, max_num_tokens: int) -> dict:
 
 def _pairs_for_batch(batch: dict, indices: list[int], *, documents, seed, max_num_tokens, short_seq_prob, nsp_probability, cls_id, sep_id):
     """Map function over usable documents; NotNext segments come from anywhere in `documents`."""
+
+    # Reading a document from Arrow costs its full length; small corpora draw the same
+    # documents again and again, so keep recent ones for the rest of this batch.
+    @functools.lru_cache(maxsize=256)
+    def document_pieces(index: int) -> list[TokenIds]:
+        return cut_long_sentences(documents[index]["sentences"], max_num_tokens)
+
     columns = _empty_columns()
     for sentences, index in zip(batch["sentences"], indices):
 
         def random_document(rng: random.Random, index: int = index) -> list[TokenIds]:
             other = rng.randrange(len(documents) - 1)
-            other += other >= index  # uniform over the other documents
-            return cut_long_sentences(documents[other]["sentences"], max_num_tokens)
+            return document_pieces(other + (other >= index))  # uniform over the other documents
 
         pairs = create_pairs_from_document(
             cut_long_sentences(sentences, max_num_tokens),
@@ -697,16 +745,21 @@ def build_pretraining_dataset(
         )
 
     with _main_process_first(accelerator):
-        counts = tokenized.map(
-            _count_segments,
-            batched=True,
-            batch_size=batch_size,
-            remove_columns=tokenized.column_names,
-            fn_kwargs={"max_num_tokens": max_num_tokens},
-            num_proc=num_proc,
-            desc="Counting sentences",
-        )["num_segments"]
-        counts = list(counts)
+        counts = (
+            list(
+                tokenized.map(
+                    _count_segments,
+                    batched=True,
+                    batch_size=batch_size,
+                    remove_columns=tokenized.column_names,
+                    fn_kwargs={"max_num_tokens": max_num_tokens},
+                    num_proc=num_proc,
+                    desc="Counting sentences",
+                )["num_segments"]
+            )
+            if len(tokenized) > 0
+            else []  # map does not run its function on an empty dataset
+        )
         usable_indices = [index for index, count in enumerate(counts) if count >= 2]
         num_empty, num_single = counts.count(0), counts.count(1)
         if num_empty or num_single:
@@ -737,7 +790,7 @@ def build_pretraining_dataset(
             num_proc=num_proc,
             # The documents ride along in fn_kwargs; fingerprint them by their own fingerprint
             # rather than by pickling their content.
-            new_fingerprint=Hasher.hash([usable._fingerprint, _pairs_for_batch, pair_kwargs]),
+            new_fingerprint=Hasher.hash([usable._fingerprint, _code_fingerprint(), pair_kwargs]),
             desc="Building sentence pairs",
         )
     if len(examples) == 0:

@@ -1,0 +1,478 @@
+"""Pretraining data: sources, the sentence splitter, and BERT's next-sentence pairs.
+
+Most pair tests run on a synthetic corpus in which every word is a distinct single
+token of bert-base-uncased's vocabulary, so every token of an example points back to
+exactly one position of one source document: "A and B are consecutive text" is then
+checked exactly, not guessed from decoded strings.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+from contextlib import contextmanager
+
+import datasets
+import huggingface_hub.constants
+import pytest
+import torch
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+from transformers import AutoTokenizer
+
+from scratchbert.training.collator import DataCollatorForPretraining
+from scratchbert.training.data import (
+    build_pretraining_dataset,
+    create_pairs_from_document,
+    cut_long_sentences,
+    default_corpus_documents,
+    load_documents,
+    split_sentences,
+    tokenize_documents,
+    truncate_pair,
+)
+
+datasets.disable_progress_bars()
+MAX_SEQ_LENGTH = 24
+
+
+@pytest.fixture(scope="module")
+def bert_tokenizer(minilm_dir):
+    """bert-base-uncased's WordPiece tokenizer (the vocabulary all-MiniLM-L6-v2 ships)."""
+    return AutoTokenizer.from_pretrained(minilm_dir)
+
+
+@pytest.fixture(scope="module")
+def unique_word_corpus(bert_tokenizer):
+    """Documents whose words are all different single tokens, one sentence per paragraph.
+
+    Returns (documents, location, sentence_starts, sentence_ends): location maps a token id
+    to (document, position in the document's token stream).
+    """
+    words = sorted(w for w in bert_tokenizer.get_vocab() if w.isascii() and w.isalpha() and w.islower() and len(w) >= 3)
+    ids = bert_tokenizer(words, add_special_tokens=False)["input_ids"]
+    singles = [(w, i[0]) for w, i in zip(words, ids) if len(i) == 1]
+    rng = random.Random(1234)
+    rng.shuffle(singles)
+    documents, location, starts, ends = [], {}, set(), set()
+    cursor = 0
+    while cursor < len(singles) - 200:
+        sentences = []
+        position = 0
+        for _ in range(rng.randint(2, 14)):
+            length = rng.randint(1, 10)  # at most half an example: never cut into pieces
+            sentence = singles[cursor : cursor + length]
+            cursor += length
+            starts.add((len(documents), position))
+            for _, token_id in sentence:
+                location[token_id] = (len(documents), position)
+                position += 1
+            ends.add((len(documents), position))
+            sentences.append(" ".join(w for w, _ in sentence))
+        documents.append("\n\n".join(sentences))  # blank lines: each paragraph is one sentence
+    return documents, location, starts, ends
+
+
+def parts(example, tokenizer):
+    """Check the [CLS] A [SEP] B [SEP] layout and token types; return (A, B) token ids."""
+    ids = list(example["input_ids"])
+    cls, sep = tokenizer.cls_token_id, tokenizer.sep_token_id
+    assert ids[0] == cls and ids[-1] == sep and ids.count(sep) == 2 and ids.count(cls) == 1
+    first_sep = ids.index(sep)
+    tokens_a, tokens_b = ids[1:first_sep], ids[first_sep + 1 : -1]
+    assert tokens_a and tokens_b
+    assert list(example["token_type_ids"]) == [0] * (len(tokens_a) + 2) + [1] * (len(tokens_b) + 1)
+    assert list(example["attention_mask"]) == [1] * len(ids)
+    return tokens_a, tokens_b
+
+
+def span(tokens, location):
+    """The (document, start, end) a segment was copied from; asserts it is one contiguous run."""
+    places = [location[t] for t in tokens]
+    document, start = places[0]
+    assert places == [(document, start + k) for k in range(len(tokens))], "segment is not contiguous source text"
+    return document, start, start + len(tokens)
+
+
+# -- sources ---------------------------------------------------------------------
+
+
+def test_default_corpus_is_cpythons_topics_without_heading_underlines():
+    documents = default_corpus_documents()
+    assert len(documents) == 79
+    assert sum(map(len, documents)) > 400_000
+    assert documents == default_corpus_documents()
+    assert documents[0].startswith('The "assert" statement\n\nAssert statements')
+    assert not any(line.strip().startswith("****") for doc in documents for line in doc.splitlines())
+
+
+def test_load_documents_from_blank_line_separated_files_and_globs(tmp_path):
+    (tmp_path / "a.txt").write_text("First doc. Line two\nstill first.\n\n\n\nSecond doc.\n", encoding="utf-8")
+    (tmp_path / "b.txt").write_text("  \nThird doc. Ünïcödé ok.\n", encoding="utf-8")
+    expected = ["First doc. Line two\nstill first.", "Second doc.", "Third doc. Ünïcödé ok."]
+    cache = tmp_path / "cache"
+    assert load_documents(str(tmp_path / "*.txt"), cache_dir=cache)["text"] == expected
+    assert load_documents([tmp_path / "a.txt", tmp_path / "b.txt"], cache_dir=cache)["text"] == expected
+    per_file = load_documents(str(tmp_path / "*.txt"), one_document_per_file=True, cache_dir=cache)
+    assert len(per_file) == 2 and per_file[0]["text"].startswith("First doc.")
+    streamed = load_documents(str(tmp_path / "*.txt"), streaming=True)
+    assert isinstance(streamed, datasets.IterableDataset)
+    assert [row["text"] for row in streamed] == expected
+
+
+def test_load_documents_sees_edited_files(tmp_path):
+    path = tmp_path / "corpus.txt"
+    path.write_text("Old text.\n", encoding="utf-8")
+    assert load_documents(path, cache_dir=tmp_path / "cache")["text"] == ["Old text."]
+    path.write_text("New text, longer.\n", encoding="utf-8")
+    assert load_documents(path, cache_dir=tmp_path / "cache")["text"] == ["New text, longer."]
+
+
+def test_load_documents_from_saved_and_in_memory_datasets(tmp_path):
+    data = datasets.Dataset.from_dict({"body": ["One. Two.", "Three. Four."], "label": [0, 1]})
+    data.save_to_disk(str(tmp_path / "saved"))
+    loaded = load_documents(tmp_path / "saved", text_column="body")
+    assert loaded.column_names == ["text"] and loaded["text"] == ["One. Two.", "Three. Four."]
+    assert load_documents(data, text_column="body")["text"] == ["One. Two.", "Three. Four."]
+    streamed = load_documents(datasets.DatasetDict({"train": data}), text_column="body", streaming=True)
+    assert [row["text"] for row in streamed] == ["One. Two.", "Three. Four."]
+    with pytest.raises(ValueError, match="no column 'text'.*text_column"):
+        load_documents(data)
+    with pytest.raises(ValueError, match="not text"):
+        load_documents(data, text_column="label")
+    with pytest.raises(ValueError, match="no split 'validation'"):
+        load_documents(datasets.DatasetDict({"train": data}), text_column="body", split="validation")
+
+
+def test_load_documents_bad_input_gets_clear_errors(tmp_path, monkeypatch):
+    latin1 = tmp_path / "latin1.txt"
+    latin1.write_bytes("Fine line.\nCaf\xe9 cr\xe8me.\n".encode("latin-1"))
+    with pytest.raises(ValueError, match=r"latin1\.txt is not valid utf-8 text.*on line 2.*iconv"):
+        load_documents(latin1, cache_dir=tmp_path / "cache")
+    assert load_documents(latin1, encoding="latin-1", cache_dir=tmp_path / "cache")["text"] == ["Fine line.\nCafé crème."]
+    (tmp_path / "empty.txt").write_text("\n   \n\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="no documents"):
+        load_documents(tmp_path / "empty.txt", cache_dir=tmp_path / "cache")
+    with pytest.raises(ValueError, match="no documents"):
+        load_documents(tmp_path / "empty.txt", streaming=True)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_documents(tmp_path / "missing.txt")
+    with pytest.raises(FileNotFoundError, match="no file matches"):
+        load_documents(str(tmp_path / "*.md"))
+    with pytest.raises(FileNotFoundError, match="not a saved `datasets` dataset.*glob"):
+        load_documents(tmp_path)
+    with pytest.raises(ValueError, match="empty list"):
+        load_documents([])
+    # A hub name while offline: one clear error, not a traceback from deep inside datasets.
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(FileNotFoundError, match="Hugging Face Hub failed"):
+        load_documents("no-such-owner/no-such-corpus")
+
+
+# -- sentences -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("", []),
+        (" \n\t\n ", []),
+        ("One. Two! Three? Four", ["One.", "Two!", "Three?", "Four"]),
+        ("Wrapped\nline ends here.  Next one.", ["Wrapped line ends here.", "Next one."]),
+        ("Heading\n\nBody text without a period", ["Heading", "Body text without a period"]),
+        ("Dr. Smith met J. R. Tolkien, e.g. at St. Giles. Fine.", ["Dr. Smith met J. R. Tolkien, e.g. at St. Giles.", "Fine."]),
+        ("The value is 3.14. it goes on.", ["The value is 3.14. it goes on."]),
+        ('He said "stop." Then left.', ['He said "stop."', "Then left."]),
+        ("Wait... What?! (Really.) Yes.", ["Wait...", "What?!", "(Really.)", "Yes."]),
+        ("First U.S. Army. Second.", ["First U.S. Army.", "Second."]),
+        ("这是第一句。这是第二句！第三句？", ["这是第一句。", "这是第二句！", "第三句？"]),
+    ],
+)
+def test_split_sentences_rules(text, expected):
+    assert split_sentences(text) == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(alphabet=st.characters(codec="utf-8"), max_size=300) | st.lists(st.sampled_from(["A.", " ", "\n", "b?", "。", "x", "Dr.", '"']), max_size=60).map("".join))
+def test_split_sentences_keeps_every_character_and_only_trims_whitespace(text):
+    sentences = split_sentences(text)
+    assert "".join("".join(s.split()) for s in sentences) == "".join(text.split())
+    for sentence in sentences:
+        assert sentence and sentence == sentence.strip() and len(sentence.splitlines()) == 1
+
+
+# -- pairs: the pure core ----------------------------------------------------------
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 30), max_size=30),
+    other_lengths=st.lists(st.integers(1, 30), min_size=1, max_size=10),
+    max_num_tokens=st.integers(2, 40),
+    short_seq_prob=st.floats(0, 1),
+    nsp_probability=st.floats(0, 1),
+    has_other=st.booleans(),
+    seed=st.integers(0, 2**32),
+)
+def test_create_pairs_invariants(lengths, other_lengths, max_num_tokens, short_seq_prob, nsp_probability, has_other, seed):
+    # Token ids are positions: document tokens 0..N-1, the other document's from 10**6 on.
+    def document(sizes, base):
+        sentences, start = [], base
+        for size in sizes:
+            sentences.append(list(range(start, start + size)))
+            start += size
+        return cut_long_sentences(sentences, max_num_tokens)
+
+    sentences, other = document(lengths, 0), document(other_lengths, 10**6)
+    pairs = create_pairs_from_document(
+        sentences,
+        (lambda rng: other) if has_other else None,
+        random.Random(seed),
+        max_num_tokens=max_num_tokens,
+        short_seq_prob=short_seq_prob,
+        nsp_probability=nsp_probability,
+    )
+    if len(sentences) >= 2:
+        assert pairs, "a document of two or more sentences yields at least one pair"
+    for tokens_a, tokens_b, label in pairs:
+        assert tokens_a and tokens_b and len(tokens_a) + len(tokens_b) <= max_num_tokens
+        assert tokens_a == list(range(tokens_a[0], tokens_a[0] + len(tokens_a))) and tokens_a[-1] < 10**6
+        assert tokens_b == list(range(tokens_b[0], tokens_b[0] + len(tokens_b)))
+        if label == 0:
+            assert tokens_b[0] > tokens_a[-1] and tokens_b[-1] < 10**6
+            if len(tokens_a) + len(tokens_b) < max_num_tokens:  # untruncated: B starts where A ends
+                assert tokens_b[0] == tokens_a[-1] + 1
+        else:
+            assert has_other and tokens_b[0] >= 10**6
+
+
+def test_truncate_pair_trims_the_longer_segment_from_both_ends():
+    rng = random.Random(0)
+    fronts = backs = 0
+    for _ in range(200):
+        a, b = truncate_pair(list(range(30)), [100, 101], 12, rng)
+        assert b == [100, 101] and len(a) == 10 and a == list(range(a[0], a[0] + 10))
+        fronts += a[0] > 0
+        backs += a[-1] < 29
+    assert fronts > 150 and backs > 150  # both ends lose tokens in most draws
+
+
+def test_cut_long_sentences_into_half_example_pieces():
+    assert cut_long_sentences([[1, 2, 3, 4, 5], [6]], 4) == [[1, 2], [3, 4], [5], [6]]
+    assert cut_long_sentences([[1, 2, 3, 4, 5], [6]], 5) == [[1, 2, 3], [4, 5], [6]]
+
+
+# -- pairs: the datasets pipeline --------------------------------------------------
+
+
+def test_pairs_are_real_text_with_right_layout_and_balanced_labels(bert_tokenizer, unique_word_corpus):
+    documents, location, sentence_starts, sentence_ends = unique_word_corpus
+    max_num_tokens = MAX_SEQ_LENGTH - 3
+    labels = []
+    for seed in (0, 1):
+        examples = build_pretraining_dataset(documents, bert_tokenizer, max_seq_length=MAX_SEQ_LENGTH, seed=seed)
+        for example in examples.to_list():
+            assert len(example["input_ids"]) <= MAX_SEQ_LENGTH
+            tokens_a, tokens_b = parts(example, bert_tokenizer)
+            doc_a, start_a, end_a = span(tokens_a, location)
+            doc_b, start_b, end_b = span(tokens_b, location)
+            if example["next_sentence_label"] == 0:  # IsNext: B follows A in the same document
+                assert doc_b == doc_a and start_b >= end_a
+                if len(tokens_a) + len(tokens_b) < max_num_tokens:  # nothing truncated
+                    assert start_b == end_a
+                    assert (doc_a, start_a) in sentence_starts and (doc_b, end_b) in sentence_ends
+            else:
+                assert example["next_sentence_label"] == 1 and doc_b != doc_a
+            labels.append(example["next_sentence_label"])
+    # NotNext is a fair coin per example: allow 4.5 standard deviations (false alarm < 1e-5).
+    n = len(labels)
+    assert n > 1500
+    assert abs(sum(labels) / n - 0.5) < 4.5 * math.sqrt(0.25 / n)
+
+
+def test_same_seed_same_examples_new_seed_new_pairing(bert_tokenizer, unique_word_corpus):
+    documents = unique_word_corpus[0][:60]
+    build = lambda **kw: build_pretraining_dataset(documents, bert_tokenizer, max_seq_length=MAX_SEQ_LENGTH, **kw).to_dict()
+    first = build(seed=7)
+    assert build(seed=7) == first
+    assert build(seed=7, batch_size=5) == first  # per-document generators: batching does not matter
+    tokenized = tokenize_documents(documents, bert_tokenizer)
+    assert build_pretraining_dataset(tokenized, bert_tokenizer, max_seq_length=MAX_SEQ_LENGTH, seed=7).to_dict() == first
+    assert build(seed=8) != first
+
+
+def test_maps_over_files_are_cached_and_reused(tmp_path, bert_tokenizer, unique_word_corpus):
+    (tmp_path / "corpus.txt").write_text("\n\n\n".join(d.replace("\n\n", ". ") for d in unique_word_corpus[0][:20]), encoding="utf-8")
+    documents = load_documents(tmp_path / "corpus.txt", cache_dir=tmp_path / "cache")
+    first = build_pretraining_dataset(documents, bert_tokenizer, max_seq_length=MAX_SEQ_LENGTH, seed=0)
+    assert first.cache_files  # written to the Arrow cache next to the documents
+    again = build_pretraining_dataset(documents, bert_tokenizer, max_seq_length=MAX_SEQ_LENGTH, seed=0)
+    assert again.cache_files == first.cache_files and again.to_dict() == first.to_dict()
+    next_epoch = build_pretraining_dataset(documents, bert_tokenizer, max_seq_length=MAX_SEQ_LENGTH, seed=1)
+    assert next_epoch.cache_files != first.cache_files
+
+
+def test_num_proc_gives_the_same_examples(bert_tokenizer, unique_word_corpus):
+    documents = unique_word_corpus[0][:40]
+    one = build_pretraining_dataset(documents, bert_tokenizer, max_seq_length=MAX_SEQ_LENGTH, seed=3)
+    two = build_pretraining_dataset(documents, bert_tokenizer, max_seq_length=MAX_SEQ_LENGTH, seed=3, num_proc=2)
+    assert one.to_dict() == two.to_dict()
+
+
+def test_default_corpus_builds_full_length_examples(bert_tokenizer):
+    examples = build_pretraining_dataset(default_corpus_documents()[:12], bert_tokenizer, max_seq_length=64)
+    lengths = [len(ids) for ids in examples["input_ids"]]
+    assert max(lengths) == 64 and sum(length == 64 for length in lengths) > len(lengths) / 2
+    assert examples.features["input_ids"].feature.dtype == "int32"
+
+
+def test_skips_are_counted_and_logged(bert_tokenizer, unique_word_corpus, caplog):
+    documents = ["", "   ", "Only one sentence here.", *unique_word_corpus[0][:5]]
+    with caplog.at_level(logging.WARNING, logger="scratchbert.training.data"):
+        examples = build_pretraining_dataset(documents, bert_tokenizer, max_seq_length=MAX_SEQ_LENGTH)
+    assert len(examples) > 0
+    assert "Skipped 3 of 8 documents: 2 empty, 1 of a single sentence" in caplog.text
+
+
+def test_bad_input_gets_clear_errors(bert_tokenizer, unique_word_corpus):
+    good = unique_word_corpus[0][:3]
+    with pytest.raises(ValueError, match="none of the 0 documents"):
+        build_pretraining_dataset([], bert_tokenizer)
+    with pytest.raises(ValueError, match="has two sentences.*2 of one sentence"):
+        build_pretraining_dataset(["Just one.", "Also one"], bert_tokenizer)
+    with pytest.raises(ValueError, match="only one document has two sentences.*nsp_probability=0"):
+        build_pretraining_dataset(good[:1], bert_tokenizer)
+    assert set(build_pretraining_dataset(good[:1], bert_tokenizer, nsp_probability=0)["next_sentence_label"]) == {0}
+    for too_small in (0, 3, 4):
+        with pytest.raises(ValueError, match=f"max_seq_length={too_small} is too small.*>= 5"):
+            build_pretraining_dataset(good, bert_tokenizer, max_seq_length=too_small)
+    with pytest.raises(ValueError, match="nsp_probability=1.5 is not a probability"):
+        build_pretraining_dataset(good, bert_tokenizer, nsp_probability=1.5)
+    with pytest.raises(ValueError, match="not one string"):
+        build_pretraining_dataset("A whole corpus. As one string.", bert_tokenizer)
+    with pytest.raises(ValueError, match="needs a 'text' column"):
+        build_pretraining_dataset(datasets.Dataset.from_dict({"body": good}), bert_tokenizer)
+
+
+def test_smallest_max_seq_length_works(bert_tokenizer, unique_word_corpus):
+    examples = build_pretraining_dataset(unique_word_corpus[0][:10], bert_tokenizer, max_seq_length=5)
+    assert len(examples) > 0 and {len(ids) for ids in examples["input_ids"]} == {5}
+
+
+def test_enormous_unpunctuated_document_is_cut_not_thrown_away(bert_tokenizer, unique_word_corpus):
+    documents, location, _, _ = unique_word_corpus
+    wall_ids = [t for t in location if location[t][0] >= 10][:3000]
+    wall = " ".join(bert_tokenizer.convert_ids_to_tokens(wall_ids))  # one 3000-token "sentence"
+    places = {t: place for t, place in location.items() if place[0] < 3}
+    places.update({t: ("wall", k) for k, t in enumerate(wall_ids)})
+    examples = build_pretraining_dataset([wall, *documents[:3]], bert_tokenizer, max_seq_length=MAX_SEQ_LENGTH, seed=5)
+    seen = set()
+    for example in examples.to_list():
+        tokens_a, tokens_b = parts(example, bert_tokenizer)
+        doc_a, _, end_a = span(tokens_a, places)
+        doc_b, start_b, _ = span(tokens_b, places)
+        if example["next_sentence_label"] == 0:
+            assert doc_a == doc_b and start_b >= end_a
+        seen.update(tokens_a + tokens_b)
+    assert len(seen & set(wall_ids)) > 0.8 * len(wall_ids)  # most of the wall ends up in examples
+
+
+def test_accelerator_main_process_goes_first(bert_tokenizer, unique_word_corpus):
+    class RecordingAccelerator:
+        entered = 0
+
+        @contextmanager
+        def main_process_first(self):
+            self.entered += 1
+            yield
+
+    accelerator = RecordingAccelerator()
+    build_pretraining_dataset(unique_word_corpus[0][:4], bert_tokenizer, max_seq_length=MAX_SEQ_LENGTH, accelerator=accelerator)
+    assert accelerator.entered == 2  # tokenization, then pairing
+
+
+def test_streaming_pipeline(tmp_path, bert_tokenizer, unique_word_corpus):
+    documents, location, _, _ = unique_word_corpus
+    # One sentence per line, capitalised and ending in a period; blank lines between documents.
+    text = "\n\n".join("\n".join(s.capitalize() + "." for s in d.split("\n\n")) for d in documents[:30])
+    (tmp_path / "corpus.txt").write_text(text, encoding="utf-8")
+    stream = load_documents(tmp_path / "corpus.txt", streaming=True)
+    examples = build_pretraining_dataset(stream, bert_tokenizer, max_seq_length=MAX_SEQ_LENGTH, batch_size=10)
+    assert isinstance(examples, datasets.IterableDataset)
+    period = bert_tokenizer.convert_tokens_to_ids(".")
+    places = dict(location)
+    labels = []
+    for example in examples:
+        assert len(example["input_ids"]) <= MAX_SEQ_LENGTH
+        tokens_a, tokens_b = parts(example, bert_tokenizer)
+        docs_a = {places[t][0] for t in tokens_a if t != period}
+        docs_b = {places[t][0] for t in tokens_b if t != period}
+        assert len(docs_a) <= 1 and len(docs_b) <= 1
+        if example["next_sentence_label"] == 1 and docs_a and docs_b:
+            assert docs_a != docs_b
+        elif docs_a and docs_b:
+            assert docs_a == docs_b
+        labels.append(example["next_sentence_label"])
+    assert len(labels) > 50 and set(labels) == {0, 1}
+
+
+# -- random Unicode through the whole pipeline ---------------------------------------
+
+unicode_documents = st.lists(
+    st.one_of(
+        st.text(max_size=200),
+        st.lists(st.text(min_size=1, max_size=20), max_size=12).map(". ".join),
+        st.builds(lambda piece, times: (piece + " ") * times, st.text(min_size=1, max_size=8), st.integers(300, 1500)),
+    ),
+    max_size=6,
+)
+
+
+# Each case builds a dataset (~0.3 s), so few cases and no shrinking (which could run for minutes).
+@settings(
+    max_examples=12,
+    deadline=None,
+    phases=[Phase.explicit, Phase.reuse, Phase.generate],
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(documents=unicode_documents, max_seq_length=st.integers(5, 40), seed=st.integers(0, 1000))
+def test_random_unicode_documents_through_pairs_and_collation(bert_tokenizer, documents, max_seq_length, seed):
+    try:
+        examples = build_pretraining_dataset(documents, bert_tokenizer, max_seq_length=max_seq_length, seed=seed)
+    except ValueError as err:  # the documented refusals; anything else is a bug
+        assert "no pretraining examples" in str(err) or "only one document has two sentences" in str(err)
+        return
+    assert len(examples) > 0
+    for example in examples.to_list():
+        assert len(example["input_ids"]) <= max_seq_length
+        parts(example, bert_tokenizer)
+    collator = DataCollatorForPretraining(bert_tokenizer, whole_word_mask=seed % 2 == 0)
+    batch = collator([examples[i] for i in range(min(8, len(examples)))])
+    special = torch.tensor(bert_tokenizer.all_special_ids)
+    labelled = batch["labels"] != -100
+    has_candidate = ~torch.isin(batch["labels"].where(labelled, batch["input_ids"]), special)
+    assert (labelled.any(dim=1) == has_candidate.any(dim=1)).all()  # rows of only [UNK]s have nothing to predict
+    assert not torch.isin(batch["labels"][labelled], special).any()
+
+
+def test_enormous_random_unicode_document(bert_tokenizer):
+    rng = random.Random(0)
+    alphabet = [chr(c) for c in range(0x20, 0x3000) if chr(c).isprintable()]
+    enormous = "".join(rng.choice(alphabet) for _ in range(300_000))
+    examples = build_pretraining_dataset([enormous, "A short one. Second sentence."], bert_tokenizer, max_seq_length=128)
+    assert len(examples) > 100 and max(len(ids) for ids in examples["input_ids"]) == 128
+
+
+def test_scratchbert_tokenizer_end_to_end():
+    tokenization = pytest.importorskip("scratchbert.tokenization")
+    documents = default_corpus_documents()[:20]
+    tokenizer = tokenization.train_tokenizer(documents, vocab_size=800, show_progress=False)
+    examples = build_pretraining_dataset(documents, tokenizer, max_seq_length=48, seed=1)
+    assert len(examples) > 50
+    for example in examples.to_list():
+        assert len(example["input_ids"]) <= 48
+        parts(example, tokenizer)
+    batch = DataCollatorForPretraining(tokenizer, whole_word_mask=True)([examples[i] for i in range(16)])
+    assert batch["input_ids"].shape == batch["labels"].shape and int(batch["input_ids"].max()) < len(tokenizer)
