@@ -185,6 +185,9 @@ def run_cli(cli_main, capsys, *argv) -> tuple[int, str]:
         ([{"text": "w1 good", "label": "pos"}, {"text": "w2 bad", "label": None}], [], "row 1 has no label"),
         ([{"text": "w1 good", "label": "pos"}, {"text": "w2 bad", "label": "pos"}], [], "single label"),
         ([{"text": "w1 good", "label": "pos"}], ["--text-pair-column", "premise"], "--text-pair-column"),
+        ([{"text": "w1 good", "label": "pos"}, {"text": "w2 bad", "label": 1}], [], "mixes strings and integers"),
+        ([{"text": "w1 good", "label": "pos"}], ["--max-length", "100"], "model's 64 positions"),
+        ([{"text": "w1 good", "label": "pos"}], ["--train-split", "train"], "go with --dataset"),
     ],
 )
 def test_bad_data_gives_one_line_error(tmp_path, capsys, cli_main, scratch_checkpoint, rows, flags, message):

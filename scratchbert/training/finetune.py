@@ -41,6 +41,7 @@ LABEL_KINDS = {  # Arrow dtype of a label column -> how its values become label 
     "bool": "integer",  # False/True are the integers 0/1
 }
 FILE_FORMATS = {".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json"}
+DEFAULT_MAX_LENGTH = 128  # tokens per example unless asked otherwise (or the model has fewer positions)
 HEAD_KEY = "classifier.weight"  # (K, H) weight of BERT's classification head, in every BERT checkpoint
 
 
@@ -88,7 +89,7 @@ def load_splits(
     test_files: Sequence[str | Path] | None = None,
     dataset_name: str | None = None,
     dataset_config: str | None = None,
-    train_split: str = "train",
+    train_split: str | None = None,
     validation_split: str | None = None,
     test_split: str | None = None,
     validation_fraction: float = 0.1,
@@ -100,7 +101,8 @@ def load_splits(
 
     Give either local `train_files` (CSV/TSV/JSON/JSONL, optionally gzipped) with optional
     `validation_files`/`test_files`, or a `dataset_name` for `datasets.load_dataset` with
-    split names. Without a validation split, `validation_fraction` of train is held out.
+    split names (`train_split` defaults to "train", `validation_split` to "validation" when
+    the dataset has one). Without a validation split, `validation_fraction` of train is held out.
     `max_*_samples` take a seeded random subset (files are often sorted by label).
 
     Returns:
@@ -110,6 +112,12 @@ def load_splits(
 
     if (train_files is None) == (dataset_name is None):
         raise ValueError("give either local train files (--train-file) or a datasets name (--dataset), not both or neither.")
+    if train_files is not None and any(x is not None for x in (dataset_config, train_split, validation_split, test_split)):
+        raise ValueError(
+            "--dataset-config and split names (--train-split, ...) go with --dataset; with local files give --validation-file/--test-file."
+        )
+    if dataset_name is not None and (validation_files or test_files):
+        raise ValueError("--validation-file/--test-file go with --train-file; with --dataset choose --validation-split/--test-split.")
     if train_files is not None:
         splits = {"train": _load_files(train_files, "train")}
         for name, files in (("validation", validation_files), ("test", test_files)):
@@ -128,7 +136,7 @@ def load_splits(
         if validation_split is None and "validation" in loaded:
             validation_split = "validation"
         splits = {}
-        for name, split in (("train", train_split), ("validation", validation_split), ("test", test_split)):
+        for name, split in (("train", train_split or "train"), ("validation", validation_split), ("test", test_split)):
             if split is None:
                 continue
             if split not in loaded:
@@ -197,6 +205,9 @@ def label_names_of(splits, label_column: str) -> list[str]:
         feature = split.features[label_column]
         kind = LABEL_KINDS.get(feature.dtype) if isinstance(feature, Value) else None
         if kind is None:
+            types = {type(value) for value in split[label_column] if value is not None}
+            if types == {str, int}:  # `datasets` reads such a JSON column as untyped "Json"
+                raise ValueError(f"column {label_column!r} of the {name} data mixes strings and integers; use one kind of label.")
             example = next((value for value in split[label_column] if value is not None), None)
             raise ValueError(
                 f"labels must be strings or integers, but column {label_column!r} of the {name} data holds "
@@ -463,7 +474,7 @@ def finetune_text_classification(
     test_files: Sequence[str | Path] | None = None,
     dataset_name: str | None = None,
     dataset_config: str | None = None,
-    train_split: str = "train",
+    train_split: str | None = None,
     validation_split: str | None = None,
     test_split: str | None = None,
     validation_fraction: float = 0.1,
@@ -472,7 +483,7 @@ def finetune_text_classification(
     label_column: str = "label",
     max_train_samples: int | None = None,
     max_eval_samples: int | None = None,
-    max_length: int = 128,
+    max_length: int | None = None,
     epochs: float = 3.0,
     batch_size: int = 16,
     eval_batch_size: int = 64,
@@ -503,10 +514,14 @@ def finetune_text_classification(
 
     if best_metric not in METRICS:
         raise ValueError(f"best_metric must be one of {', '.join(METRICS)}, got {best_metric!r}.")
-    if max_length < 2:
-        raise ValueError(f"max_length must leave room for [CLS] and [SEP], got {max_length}.")
-    if not (Path(checkpoint) / "config.json").is_file():
+    config_file = Path(checkpoint) / "config.json"
+    if not config_file.is_file():
         raise FileNotFoundError(f"no checkpoint at {checkpoint}: expected a folder with config.json and the model weights.")
+    positions = json.loads(config_file.read_text()).get("max_position_embeddings", 512)
+    if max_length is None:
+        max_length = min(DEFAULT_MAX_LENGTH, positions)
+    if not 2 <= max_length <= positions:
+        raise ValueError(f"max_length must be between 2 (room for [CLS] and [SEP]) and the model's {positions} positions, got {max_length}.")
     output_dir = Path(output_dir)
     _check_output_dir(output_dir, overwrite)
     tokenizer = load_tokenizer(tokenizer if tokenizer is not None else checkpoint)
@@ -592,12 +607,12 @@ def add_cli(subparsers) -> None:
     parser.add_argument("--output-dir", required=True, help="where the fine-tuned model, tokenizer and metrics.json go")
     parser.add_argument("--tokenizer", help="tokenizer folder (default: the checkpoint folder)")
     data = parser.add_argument_group("data (local files or a datasets name)")
-    data.add_argument("--train-file", nargs="+", help="CSV/TSV/JSON/JSONL file(s), optionally .gz")
-    data.add_argument("--validation-file", nargs="+", help="default: hold out --validation-fraction of train")
-    data.add_argument("--test-file", nargs="+", help="scored once at the end with the best model")
-    data.add_argument("--dataset", help="a name for datasets.load_dataset, instead of --train-file")
+    data.add_argument("--train-file", nargs="+", metavar="FILE", help="CSV/TSV/JSON/JSONL file(s), optionally .gz")
+    data.add_argument("--validation-file", nargs="+", metavar="FILE", help="default: hold out --validation-fraction of train")
+    data.add_argument("--test-file", nargs="+", metavar="FILE", help="scored once at the end with the best model")
+    data.add_argument("--dataset", metavar="NAME", help="a name for datasets.load_dataset, instead of --train-file")
     data.add_argument("--dataset-config", help="configuration name of --dataset")
-    data.add_argument("--train-split", default="train", help="split of --dataset to train on (default: train)")
+    data.add_argument("--train-split", help="split of --dataset to train on (default: train)")
     data.add_argument("--validation-split", help="split of --dataset to select epochs on (default: validation if present)")
     data.add_argument("--test-split", help="split of --dataset to score at the end")
     data.add_argument("--validation-fraction", type=float, default=0.1, help="held out of train without a validation split")
@@ -606,7 +621,7 @@ def add_cli(subparsers) -> None:
     data.add_argument("--label-column", default="label", help="string or integer labels")
     data.add_argument("--max-train-samples", type=int, help="train on a random subset of this size")
     data.add_argument("--max-eval-samples", type=int, help="evaluate on random subsets of this size")
-    data.add_argument("--max-length", type=int, default=128, help="tokens per example after truncation (default: 128)")
+    data.add_argument("--max-length", type=int, help=f"tokens per example after truncation (default: {DEFAULT_MAX_LENGTH} or the model's positions)")
     train = parser.add_argument_group("training")
     train.add_argument("--epochs", type=float, default=3.0)
     train.add_argument("--batch-size", type=int, default=16)
