@@ -432,7 +432,7 @@ unicode_documents = st.lists(
 
 # Each case builds a dataset (~0.3 s), so few cases and no shrinking (which could run for minutes).
 @settings(
-    max_examples=12,
+    max_examples=8,
     deadline=None,
     phases=[Phase.explicit, Phase.reuse, Phase.generate],
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],

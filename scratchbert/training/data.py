@@ -452,7 +452,7 @@ def _tokenizer_fingerprint(tokenizer) -> str:
     state = json.loads(backend.to_str())
     state.pop("truncation", None)  # call-time settings, not part of what the tokenizer produces
     state.pop("padding", None)
-    return Hasher.hash([type(tokenizer).__name__, state])
+    return Hasher.hash(type(tokenizer).__name__ + json.dumps(state, sort_keys=True))  # one string hashes fast
 
 
 def _main_process_first(accelerator):
