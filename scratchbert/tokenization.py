@@ -608,14 +608,16 @@ def wordpiece_tokenize(
     return pieces
 
 
-def python_tokenize(tokenizer: ScratchBertTokenizer, text: str) -> list[str]:
+def python_tokenize(tokenizer: ScratchBertTokenizer, text: str, vocab=None) -> list[str]:
     """`tokenizer.tokenize(text)` with the WordPiece step done by `wordpiece_tokenize`.
 
     Normalization and pre-tokenization are the tokenizer's own (Rust) steps; special
-    tokens written in the text (e.g. "[MASK]") are not recognised here.
+    tokens written in the text (e.g. "[MASK]") are not recognised here. Pass `vocab`
+    (`tokenizer.get_vocab()`) when calling this many times: copying it out of Rust costs
+    more than tokenizing a text.
     """
     backend = tokenizer.backend_tokenizer
-    vocab = backend.get_vocab(with_added_tokens=False)
+    vocab = backend.get_vocab(with_added_tokens=False) if vocab is None else vocab
     normalized = backend.normalizer.normalize_str(text)
     words = [word for word, _span in backend.pre_tokenizer.pre_tokenize_str(normalized)]
     return [piece for word in words for piece in wordpiece_tokenize(word, vocab)]
