@@ -8,6 +8,7 @@ checked exactly, not guessed from decoded strings.
 
 from __future__ import annotations
 
+import doctest
 import logging
 import math
 import random
@@ -21,6 +22,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
+from scratchbert.training import data as data_module
 from scratchbert.training.collator import DataCollatorForPretraining
 from scratchbert.training.data import (
     build_pretraining_dataset,
@@ -100,7 +102,7 @@ def span(tokens, location):
 
 def test_default_corpus_is_cpythons_topics_without_heading_underlines():
     documents = default_corpus_documents()
-    assert len(documents) == 79
+    assert len(documents) > 70  # 79 in CPython 3.11; the topic list changes a little between versions
     assert sum(map(len, documents)) > 400_000
     assert documents == default_corpus_documents()
     assert documents[0].startswith('The "assert" statement\n\nAssert statements')
@@ -172,6 +174,11 @@ def test_load_documents_bad_input_gets_clear_errors(tmp_path, monkeypatch):
 
 
 # -- sentences -------------------------------------------------------------------
+
+
+def test_docstring_examples_run():
+    failures, tried = doctest.testmod(data_module, verbose=False)
+    assert tried >= 1 and failures == 0
 
 
 @pytest.mark.parametrize(
@@ -476,3 +483,20 @@ def test_scratchbert_tokenizer_end_to_end():
         parts(example, tokenizer)
     batch = DataCollatorForPretraining(tokenizer, whole_word_mask=True)([examples[i] for i in range(16)])
     assert batch["input_ids"].shape == batch["labels"].shape and int(batch["input_ids"].max()) < len(tokenizer)
+
+
+@pytest.mark.slow
+def test_very_large_corpus_file_streams_and_builds(tmp_path, bert_tokenizer):
+    """A 20 MB file of 50,000 documents, through files, the Arrow cache and pairing."""
+    rng = random.Random(0)
+    words = [w for w in bert_tokenizer.get_vocab() if w.isalpha() and w.isascii()]
+    with open(tmp_path / "big.txt", "w", encoding="utf-8") as handle:
+        for _ in range(50_000):
+            sentences = (" ".join(rng.choices(words, k=rng.randint(3, 20))).capitalize() + "." for _ in range(rng.randint(1, 8)))
+            handle.write(" ".join(sentences) + "\n\n")
+    documents = load_documents(tmp_path / "big.txt", cache_dir=tmp_path / "cache")
+    assert len(documents) == 50_000
+    examples = build_pretraining_dataset(documents, bert_tokenizer, max_seq_length=128, num_proc=2)
+    labels = examples["next_sentence_label"]
+    assert len(examples) > 20_000 and abs(sum(labels) / len(labels) - 0.5) < 0.02
+    assert max(len(ids) for ids in examples["input_ids"]) <= 128

@@ -73,12 +73,18 @@ def default_corpus_documents() -> list[str]:
     """The embedded corpus: CPython's own documentation, one document per help topic.
 
     Every CPython install carries the text that `help("assert")` prints, in
-    `pydoc_data.topics` (79 topics, about 460k characters of English with code
-    examples), so this corpus needs no download. Topics are returned in sorted
+    `pydoc_data.topics` (79 topics in CPython 3.11, about 460k characters of English
+    with code examples), so this corpus needs no download. Topics are returned in sorted
     order with their reST heading underlines removed; the heading text stays as a
     paragraph of its own.
     """
-    from pydoc_data.topics import topics
+    try:
+        from pydoc_data.topics import topics
+    except ImportError:
+        raise FileNotFoundError(
+            "this Python install lacks pydoc_data (some minimal distributions strip it), which holds the "
+            "default corpus; pass your own text files instead (load_documents('corpus/*.txt'))"
+        ) from None
 
     documents = []
     for name in sorted(topics):
@@ -128,7 +134,7 @@ def load_documents(
         ValueError: a file is not valid text in `encoding`; the column is missing or not text;
             the corpus holds no documents.
     """
-    if isinstance(source, (datasets.Dataset, datasets.IterableDataset, datasets.DatasetDict)):
+    if isinstance(source, (datasets.Dataset, datasets.IterableDataset, datasets.DatasetDict, datasets.IterableDatasetDict)):
         return _select_text_column(_pick_split(source, split, repr(type(source).__name__)), text_column, streaming)
     sources = [source] if isinstance(source, (str, os.PathLike)) else list(source)
     if not sources:
