@@ -322,6 +322,25 @@ def test_masked_lm_collator_masks_only_real_tokens(uncased_tokenizer):
     assert torch.equal(batch["input_ids"][~chosen], original[~chosen])
 
 
+def test_tokenizer_from_vocab_reads_bert_vocabulary(bert_tokenizer, bert_vocab_file):
+    lines = bert_vocab_file.read_text(encoding="utf-8").splitlines()
+    assert len(bert_tokenizer) == len(lines) == 30522
+    assert bert_tokenizer.convert_ids_to_tokens(bert_tokenizer("Unaffable tokenizers!")["input_ids"]) == [
+        "[CLS]", "una", "##ffa", "##ble", "token", "##izer", "##s", "!", "[SEP]"
+    ]  # unknown words split into known pieces, "##" continues a word
+    assert (bert_tokenizer.pad_token_id, bert_tokenizer.cls_token_id, bert_tokenizer.sep_token_id) == (0, 101, 102)
+    assert (bert_tokenizer.unk_token_id, bert_tokenizer.mask_token_id) == (100, 103)
+    with pytest.raises(FileNotFoundError, match="no such vocabulary file"):
+        tokenizer_from_vocab(bert_vocab_file.parent / "missing.txt")
+
+
+def test_vocabulary_without_special_tokens_is_a_clear_error(tmp_path):
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("[PAD]\n[UNK]\nthe\n##s\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"no \[CLS\], \[SEP\], \[MASK\]"):
+        tokenizer_from_vocab(vocab)
+
+
 def test_decode_joins_wordpieces(bert_tokenizer):
     text = "the unaffable tokenizer was playing"
     ids = bert_tokenizer(text)["input_ids"]

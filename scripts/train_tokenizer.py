@@ -1,0 +1,15 @@
+"""Train a BERT WordPiece tokenizer: the same as `scratchbert train-tokenizer`.
+
+    python scripts/train_tokenizer.py --files ../shared/data/corpus/*.txt --vocab-size 30522 --out runs/tokenizer
+    python scripts/train_tokenizer.py --dataset ../shared/data/imdb/train.jsonl.gz --vocab-size 8192 --cased --out runs/imdb-tok
+
+The result loads with `AutoTokenizer.from_pretrained(OUT)` once `scratchbert` is imported.
+All the logic lives in `scratchbert.tokenization`; see `--help` for the options.
+"""
+
+import sys
+
+from scratchbert.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main(["train-tokenizer", *sys.argv[1:]]))
