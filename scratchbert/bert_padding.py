@@ -3,32 +3,36 @@
 A padded batch spends as much arithmetic on `[PAD]` positions as on text. Everything in a BERT
 layer except attention treats each token on its own (the Q/K/V projections, the output
 projections, the feed-forward block, the LayerNorms), so those layers can run on the real tokens
-of all sequences packed into one `(T, H)` matrix. Only attention needs to know where one
+of all sequences packed into one `(R, H)` matrix. Only attention needs to know where one
 sequence ends and the next begins. This module
 
-1. describes the packing once per forward pass (`pack_sequences` -> `PackedSequences`),
+1. plans the packed layout once per forward pass (`plan_buckets`, `pack_sequences` ->
+   `PackedSequences`),
 2. moves tensors between the padded and the packed layout (`unpad`, `pad`),
 3. runs attention over the packed tokens, each sequence attending only to itself
    (`packed_attention`), and
 4. picks the labelled positions for sparse MLM prediction (`labelled_tokens`).
 
-How attention is batched. One `F.scaled_dot_product_attention` call per sequence is exact but
-pays a fixed cost per call, which is large for short sequences on a busy CPU; one call for the
-whole batch padded to its longest sequence wastes the quadratic work the path exists to save
-(and torch's jagged nested tensors measured slower than dense SDPA on this project's CPU).
-`plan_buckets` sorts the sequences by length and cuts them into a few buckets, each padded
-only to its own longest member, choosing the cuts that minimise (attention work + a fixed cost
-per call) with a small dynamic programme. Padded key slots inside a bucket are masked, so the
-result equals attention over each sequence alone.
+The layout: buckets of similar-length sequences. The packed rows are grouped into buckets,
+each a grid of n sequences x L slots, L the bucket's longest sequence, laid out sequence by
+sequence. A (n * L, H) slice of the packed tensor then *is* a (n, A, L, D) attention input by
+a view, so each bucket takes one `F.scaled_dot_product_attention` call with no gather or
+scatter in any layer. Sequences of equal length share a bucket with no padding at all; a
+bucket that mixes lengths carries a few padded slots, masked as keys. `plan_buckets` chooses
+the buckets with a small dynamic programme over the sorted lengths that minimises the work:
+linear layers on every slot, attention over every slot pair, and a fixed cost per call. One
+call per sequence pays that fixed cost too often (it is large for short sequences on a busy
+CPU); one call for the whole batch padded to its longest sequence is the padded path again;
+torch's jagged nested tensors measured slower than dense SDPA on this project's CPU.
 
 Outputs at padded positions. The padded path computes a vector for every `[PAD]` position too
 (a pad query attends to the real keys of its row); the padding-free path does not compute them
 and returns zeros there. At real positions the two agree to float rounding (~1e-6 in fp32).
 A row with no real token at all (all-zero attention mask) comes back as zeros, never NaN.
 
-Notation: B batch, S padded length, T real tokens in the batch (sum of the mask),
-H hidden size, A heads, D head size, n sequences in a bucket, L a bucket's length,
-N labelled tokens, V vocabulary size.
+Notation: B batch, S padded length, T real tokens in the batch (sum of the mask), R packed
+rows (T plus the padded slots of mixed buckets), H hidden size, I intermediate size, A heads,
+D head size, n sequences in a bucket, L a bucket's length, N labelled tokens, V vocabulary.
 """
 
 from __future__ import annotations
@@ -41,17 +45,16 @@ import torch
 IGNORE_INDEX = -100  # label value that contributes no loss (same as the modeling file's)
 
 # The fixed cost of one attention call, in units of attention work (one unit = one query-key
-# score per head). 128**2 means: "starting a call costs about as much as attending over a
-# 128-token sequence". Smaller values give more, tighter buckets; larger fewer, looser ones.
+# pair, all heads). 128**2 means: "starting a call costs about as much as attending over a
+# 128-token sequence" (about a millisecond at bert-base width on two cores).
 CALL_COST = 128 * 128
 
 
 @dataclass
 class AttentionBucket:
-    """Sequences of similar length attended together in one call, padded to the longest.
+    """n sequences of similar length attended together in one call, padded to the longest, L.
 
-    rows: this bucket's slice of the gathered grid rows (see `PackedSequences.gather`), n * L
-        rows that view as (n, L): sequence by sequence, slot by slot.
+    rows: the bucket's rows of the packed (R, ...) tensor, n * L of them, viewing as (n, L).
     key_mask: (n, 1, 1, L) additive mask hiding the slots past each sequence's end, or None
         when all n sequences have length L exactly.
     """
@@ -64,43 +67,46 @@ class AttentionBucket:
 
 @dataclass
 class PackedSequences:
-    """Where the real tokens of a padded (B, S) batch sit once packed into (T, ...).
+    """Where the real tokens of a padded (B, S) batch sit in the packed (R, ...) layout.
 
-    indices: (T,) positions b * S + s of the real tokens in the flattened batch, row-major, so
-        the tokens of sequence b are contiguous and in their original order.
-    cu_seqlens: (B + 1,) cumulative sequence lengths; sequence b is rows
-        cu_seqlens[b]:cu_seqlens[b + 1] of the packed tensor (empty for a fully padded row).
+    source: (R,) for each packed row, the position b * S + s of the flattened batch it reads;
+        a padded slot of a mixed bucket reads its sequence's first token (it is masked as a key,
+        and its output is dropped).
+    real_rows: (T,) the packed rows that hold a real token, or None when every row does (R = T).
+    real_positions: (T,) the flattened batch position b * S + s of each of those rows.
+    cu_seqlens: (B + 1,) cumulative real lengths in batch order (sequence b has
+        cu_seqlens[b + 1] - cu_seqlens[b] tokens; 0 for a fully padded row).
     max_seqlen: the longest sequence, in real tokens.
     batch, seq: B and S, to restore the padded layout.
-    buckets: how `packed_attention` groups the sequences (see `plan_buckets`).
-    gather: (R,) for every slot of every bucket grid (R = sum of n * L), the packed row it
-        reads: one `index_select` lays out all buckets at once. Slots past a sequence's end
-        read its first token; they are masked as keys and their outputs are dropped.
-    restore: (T,) for packed token t, its row among the R grid rows.
+    buckets: the attention buckets, in packed-row order (see `plan_buckets`).
     """
 
-    indices: torch.Tensor
+    source: torch.Tensor
+    real_rows: torch.Tensor | None
+    real_positions: torch.Tensor
     cu_seqlens: torch.Tensor
     max_seqlen: int
     batch: int
     seq: int
     buckets: list[AttentionBucket]
-    gather: torch.Tensor
-    restore: torch.Tensor
+
+    @property
+    def num_rows(self) -> int:
+        return self.source.numel()
 
     @property
     def num_tokens(self) -> int:
-        return self.indices.numel()
+        return self.real_positions.numel()
 
 
-def plan_buckets(lengths: list[int], call_cost: int | None = None) -> list[list[int]]:
+def plan_buckets(lengths: list[int], token_cost: float, call_cost: float | None = None) -> list[list[int]]:
     """Group sequences for attention: lengths (B,) -> buckets, each a list of sequence indices.
 
-    Sequences of length 0 are left out (they have nothing to attend). The rest are sorted longest
-    first and cut into contiguous runs; a run of n sequences whose longest has length L costs
-    n * L**2 + call_cost (default `CALL_COST`). An O(K**2) dynamic programme over the K distinct
-    lengths finds the cheapest cuts (K <= S, and a few dozen for typical batches). Each bucket
-    lists its sequences longest first.
+    A bucket is a run of the sequences sorted longest first; with n members and longest length
+    L it costs  token_cost * n * L  (the linear layers on its n * L slots)  +  n * L**2
+    (attention)  +  call_cost (default `CALL_COST`). All in units of one attention query-key
+    pair. An O(K**2) dynamic programme over the K distinct lengths finds the cheapest plan
+    (K <= S). Sequences of length 0 are left out; each bucket lists its members longest first.
     """
     call_cost = CALL_COST if call_cost is None else call_cost
     order = sorted((i for i, n in enumerate(lengths) if n > 0), key=lambda i: -lengths[i])
@@ -123,11 +129,10 @@ def plan_buckets(lengths: list[int], call_cost: int | None = None) -> list[list[
         members = 0
         for i in range(j - 1, -1, -1):  # last bucket = distinct lengths i..j-1, padded to distinct[i]
             members += counts[i]
-            cost = best[i] + members * distinct[i] ** 2 + call_cost
+            cost = best[i] + members * distinct[i] * (token_cost + distinct[i]) + call_cost
             if cost < best[j]:
                 best[j], cut[j] = cost, i
-    # Walk the cuts back to buckets of sequence indices.
-    bounds, j = [], k
+    bounds, j = [], k  # walk the cuts back
     while j > 0:
         bounds.append((cut[j], j))
         j = cut[j]
@@ -137,78 +142,90 @@ def plan_buckets(lengths: list[int], call_cost: int | None = None) -> list[list[
     return [order[starts[i] : starts[j]] for i, j in reversed(bounds)]
 
 
+def linear_cost_per_token(config) -> float:
+    """A BERT layer's linear work per token in units of one attention query-key pair.
+
+    Per token: 2 * (4 H^2 + 2 H I) FLOPs (Q, K, V, output projection; feed-forward in and out).
+    Per query-key pair: 4 H FLOPs (the Q K^T score and the probs @ V sum, all heads). Ratio 2H + I.
+    """
+    return 2 * config.hidden_size + config.intermediate_size
+
+
 def pack_sequences(
     attention_mask: torch.Tensor,
+    config,
     make_key_mask: Callable[[torch.Tensor], torch.Tensor],
-    call_cost: int | None = None,
+    call_cost: float | None = None,
 ) -> PackedSequences:
-    """Describe the packing of a padded batch, once per forward pass; every layer reuses it.
+    """Plan the packed layout of a padded batch, once per forward pass; every layer reuses it.
 
     attention_mask: (B, S), 1 for a real token and 0 for padding, in any pattern (right or left
         padding, or gaps): each row's real tokens keep their order and attend only to each other.
+    config: the model's config (hidden and intermediate sizes weigh linear work vs attention).
     make_key_mask: turns a (n, L) keep-mask into the (n, 1, 1, L) additive bias the attention
         function expects (the model's own mask builder, so masks are made one way everywhere).
     call_cost: the fixed cost of an attention call for `plan_buckets` (default `CALL_COST`).
     Returns a `PackedSequences` (see its fields). One host sync reads the sequence lengths.
     """
     batch, seq = attention_mask.shape
-    keep = attention_mask.bool()
     device = attention_mask.device
-    indices = keep.reshape(-1).nonzero().squeeze(1)  # (T,)
+    keep = attention_mask.bool()
     lengths_t = keep.sum(dim=1)  # (B,)
+    lengths = lengths_t.tolist()
     cu_seqlens = torch.zeros(batch + 1, dtype=torch.long, device=device)
     cu_seqlens[1:] = lengths_t.cumsum(0)
-    lengths = lengths_t.tolist()
-    starts = cu_seqlens[:-1].tolist()
+    # Flattened positions b * S + s of each row's real tokens, in order, padded with -1: (B, S).
+    ranks = keep.long().cumsum(dim=1) - 1  # rank of each real token within its row
+    where = torch.full((batch, seq), -1, dtype=torch.long, device=device)
+    positions = torch.arange(batch * seq, device=device).view(batch, seq)
+    where[keep.nonzero(as_tuple=True)[0], ranks[keep]] = positions[keep]
 
-    buckets, gathers, real_rows, real_tokens, offset = [], [], [], [], 0
-    for members in plan_buckets(lengths, call_cost):
+    buckets, sources, valids, offset = [], [], [], 0
+    for members in plan_buckets(lengths, linear_cost_per_token(config), call_cost):
         length = lengths[members[0]]  # longest first
-        member_starts = torch.tensor([starts[i] for i in members], device=device)  # (n,)
-        member_lengths = torch.tensor([lengths[i] for i in members], device=device)  # (n,)
-        slot = torch.arange(length, device=device)  # (L,)
-        valid = slot[None, :] < member_lengths[:, None]  # (n, L): which slots hold a real token
-        # Slots past a sequence's end read its first token: any real row works, they are masked.
-        gather = member_starts[:, None] + torch.where(valid, slot[None, :], 0)  # (n, L)
+        index = torch.tensor(members, device=device)
+        grid = where[index, :length]  # (n, L): real positions, -1 past each sequence's end
+        valid = grid >= 0
+        first = grid[:, :1].expand_as(grid)  # a padded slot reads its sequence's first token
+        sources.append(torch.where(valid, grid, first).reshape(-1))
+        valids.append(valid.reshape(-1))
         padded = not bool(valid.all())
         buckets.append(
             AttentionBucket(
-                rows=slice(offset, offset + gather.numel()),
+                rows=slice(offset, offset + grid.numel()),
                 key_mask=make_key_mask(valid.long()) if padded else None,
                 num_seqs=len(members),
                 length=length,
             )
         )
-        flat_valid = valid.reshape(-1)
-        gathers.append(gather.reshape(-1))
-        real_rows.append(offset + flat_valid.nonzero().squeeze(1))  # grid rows that hold a real token
-        real_tokens.append(gather.reshape(-1)[flat_valid])  # ... and which packed token each one is
-        offset += gather.numel()
+        offset += grid.numel()
 
-    restore = torch.empty(indices.numel(), dtype=torch.long, device=device)
-    if real_tokens:
-        restore[torch.cat(real_tokens)] = torch.cat(real_rows)
+    empty = torch.zeros(0, dtype=torch.long, device=device)
+    source = torch.cat(sources) if sources else empty
+    valid = torch.cat(valids) if valids else empty.bool()
+    all_real = bool(valid.all())
     return PackedSequences(
-        indices=indices,
+        source=source,
+        real_rows=None if all_real else valid.nonzero().squeeze(1),
+        real_positions=source if all_real else source[valid],
         cu_seqlens=cu_seqlens,
         max_seqlen=max(lengths, default=0),
         batch=batch,
         seq=seq,
         buckets=buckets,
-        gather=torch.cat(gathers) if gathers else torch.zeros(0, dtype=torch.long, device=device),
-        restore=restore,
     )
 
 
 def unpad(padded: torch.Tensor, packed: PackedSequences) -> torch.Tensor:
-    """Keep the real tokens: (B, S, ...) -> (T, ...). Differentiable (the gradient scatters back)."""
-    return padded.reshape(packed.batch * packed.seq, *padded.shape[2:]).index_select(0, packed.indices)
+    """Gather the packed rows: (B, S, ...) -> (R, ...). Differentiable (the gradient scatters back)."""
+    return padded.reshape(packed.batch * packed.seq, *padded.shape[2:]).index_select(0, packed.source)
 
 
-def pad(tokens: torch.Tensor, packed: PackedSequences) -> torch.Tensor:
-    """Restore the padded layout: (T, ...) -> (B, S, ...), zeros at padded positions. Differentiable."""
-    flat = tokens.new_zeros(packed.batch * packed.seq, *tokens.shape[1:])
-    return flat.index_copy(0, packed.indices, tokens).view(packed.batch, packed.seq, *tokens.shape[1:])
+def pad(rows: torch.Tensor, packed: PackedSequences) -> torch.Tensor:
+    """Restore the padded layout: (R, ...) -> (B, S, ...), zeros at padded positions. Differentiable."""
+    real = rows if packed.real_rows is None else rows.index_select(0, packed.real_rows)  # (T, ...)
+    flat = rows.new_zeros(packed.batch * packed.seq, *rows.shape[1:])
+    return flat.index_copy(0, packed.real_positions, real).view(packed.batch, packed.seq, *rows.shape[1:])
 
 
 def packed_attention(
@@ -222,25 +239,21 @@ def packed_attention(
 ) -> torch.Tensor:
     """Multi-head attention within each sequence of a packed batch.
 
-    query, key, value: (T, H) projections of the packed tokens. `attend(q, k, v, mask, dropout_p)`
+    query, key, value: (R, H) projections of the packed rows. `attend(q, k, v, mask, dropout_p)`
     is one of the model's attention functions (written-out or SDPA), called once per bucket with
-    q, k, v (n, A, L, D) and the bucket's key mask. Returns the merged-heads context (T, H), in
-    packed order, equal to attending over each sequence on its own.
+    q, k, v (n, A, L, D), views of the packed rows (no copy), and the bucket's key mask.
+    Returns the merged-heads context (R, H), equal to attending over each sequence on its own.
     """
-    tokens, hidden = query.shape
-    head_dim = hidden // num_heads
+    rows, hidden = query.shape
     if not packed.buckets:  # every row fully padded: nothing to attend
-        return query.new_zeros(tokens, hidden)
-    # One gather per projection lays out every bucket's grid; a bucket is then a slice (no copy).
-    grids = [x.index_select(0, packed.gather) for x in (query, key, value)]  # 3 x (R, H)
+        return query.new_zeros(rows, hidden)
     outputs = []
     for bucket in packed.buckets:
-        shape = (bucket.num_seqs, bucket.length, num_heads, head_dim)
-        q, k, v = (grid[bucket.rows].view(shape).transpose(1, 2) for grid in grids)  # (n, A, L, D) each
+        shape = (bucket.num_seqs, bucket.length, num_heads, hidden // num_heads)
+        q, k, v = (x[bucket.rows].view(shape).transpose(1, 2) for x in (query, key, value))  # (n, A, L, D)
         context, _ = attend(q, k, v, bucket.key_mask, dropout_p)  # (n, A, L, D)
         outputs.append(context.transpose(1, 2).reshape(bucket.num_seqs * bucket.length, hidden))  # (n * L, H)
-    context = outputs[0] if len(outputs) == 1 else torch.cat(outputs)  # (R, H)
-    return context.index_select(0, packed.restore)  # (T, H), packed order
+    return outputs[0] if len(outputs) == 1 else torch.cat(outputs)  # (R, H)
 
 
 def labelled_tokens(hidden_states: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

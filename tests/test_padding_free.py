@@ -68,7 +68,7 @@ def assert_close(name: str, ours: torch.Tensor, reference: torch.Tensor, atol: f
     assert diff <= atol, f"{name}: max |diff| {diff:.3g} > {atol:g}"
 
 
-@pytest.fixture(params=[0, 200, 10**9], ids=["bucket-per-length", "some-buckets", "one-bucket"])
+@pytest.fixture(params=[0, 2000, 10**9], ids=["bucket-per-length", "some-buckets", "one-bucket"])
 def call_cost(request, monkeypatch):
     """Exercise every bucketing regime: one call per distinct length, a mix, everything in one call."""
     monkeypatch.setattr(bert_padding, "CALL_COST", request.param)
@@ -243,19 +243,24 @@ def test_training_mode_with_dropout_runs_and_backpropagates():
 def test_unpad_pad_round_trip_and_cu_seqlens():
     inputs = padded_inputs(side="left")
     mask = inputs["attention_mask"]
-    packed = pack_sequences(mask, lambda keep: modeling.additive_attention_mask(keep, torch.float32))
     x = torch.randn(*mask.shape, 5)
-    tokens = unpad(x, packed)
-    assert tokens.shape == (int(mask.sum()), 5) and packed.num_tokens == int(mask.sum())
-    assert packed.cu_seqlens.tolist() == [0, *itertools.accumulate(LENGTHS)]
-    assert packed.max_seqlen == max(LENGTHS)
-    assert torch.equal(pad(tokens, packed), x * mask[..., None])
-    for b in range(len(LENGTHS)):  # sequence b is a contiguous, in-order block of the packed rows
-        start, end = packed.cu_seqlens[b], packed.cu_seqlens[b + 1]
-        assert torch.equal(tokens[start:end], x[b][mask[b].bool()])
+    for call_cost in (0, 10**9):  # equal-length buckets only (R = T), and one bucket with padded slots
+        packed = pack_sequences(mask, tiny_config(), lambda keep: modeling.additive_attention_mask(keep, torch.float32), call_cost)
+        rows = unpad(x, packed)
+        assert packed.num_tokens == int(mask.sum()) and rows.shape == (packed.num_rows, 5)
+        assert (packed.num_rows == packed.num_tokens) == (call_cost == 0)
+        assert sum(b.num_seqs * b.length for b in packed.buckets) == packed.num_rows
+        assert packed.cu_seqlens.tolist() == [0, *itertools.accumulate(LENGTHS)]
+        assert packed.max_seqlen == max(LENGTHS)
+        assert torch.equal(pad(rows, packed), x * mask[..., None])
+        for bucket in packed.buckets:  # a bucket's rows view as (n, L): each sequence's tokens, in order
+            grid = rows[bucket.rows].view(bucket.num_seqs, bucket.length, 5)
+            for sequence in grid:
+                matches = [b for b in range(len(LENGTHS)) if torch.equal(sequence[: LENGTHS[b]], x[b][mask[b].bool()])]
+                assert matches, "a bucket row is not one sequence's tokens in order"
 
 
-def brute_force_cost(lengths: list[int], call_cost: int) -> float:
+def brute_force_cost(lengths: list[int], token_cost: int, call_cost: int) -> float:
     """Cheapest cost over every way to cut the sorted, distinct lengths into contiguous runs."""
     distinct = sorted(set(n for n in lengths if n > 0), reverse=True)
     counts = [sum(1 for n in lengths if n == d) for d in distinct]
@@ -264,7 +269,7 @@ def brute_force_cost(lengths: list[int], call_cost: int) -> float:
         cost, start = 0, 0
         for i in range(len(distinct)):
             if i == len(distinct) - 1 or cuts[i]:
-                cost += sum(counts[start : i + 1]) * distinct[start] ** 2 + call_cost
+                cost += sum(counts[start : i + 1]) * distinct[start] * (token_cost + distinct[start]) + call_cost
                 start = i + 1
         best = min(best, cost)
     return best
@@ -275,15 +280,16 @@ def test_plan_buckets_covers_every_sequence_once_at_the_lowest_cost():
     for _ in range(200):
         lengths = [rng.choice([0, rng.randint(1, 40), rng.randint(1, 8)]) for _ in range(rng.randint(1, 9))]
         call_cost = rng.choice([0, 10, 100, 1000])
-        buckets = plan_buckets(lengths, call_cost)
+        token_cost = rng.choice([0, 5, 50])
+        buckets = plan_buckets(lengths, token_cost, call_cost)
         members = [i for bucket in buckets for i in bucket]
         assert sorted(members) == [i for i, n in enumerate(lengths) if n > 0]
         for bucket in buckets:
             assert [lengths[i] for i in bucket] == sorted((lengths[i] for i in bucket), reverse=True)
-        cost = sum(len(b) * lengths[b[0]] ** 2 + call_cost for b in buckets)
+        cost = sum(len(b) * lengths[b[0]] * (token_cost + lengths[b[0]]) + call_cost for b in buckets)
         if any(lengths):
-            assert cost == brute_force_cost(lengths, call_cost), (lengths, call_cost, buckets)
-    assert plan_buckets([0, 0]) == []
+            assert cost == brute_force_cost(lengths, token_cost, call_cost), (lengths, call_cost, buckets)
+    assert plan_buckets([0, 0], 10) == []
 
 
 # --- sparse MLM prediction -----------------------------------------------------------------------
