@@ -144,8 +144,8 @@ class ScratchBertSelfAttention(nn.Module):
 
     Shapes: hidden_states (B, S, H), mask (B, 1, 1, S) -> context (B, S, H),
     and attention probabilities (B, A, S, S) when asked for (else None). On the padding-free
-    path (see `bert_padding.py`) hidden_states are the batch's T real tokens, (T, H), and
-    `mask` is a `PackedSequences` saying where each sequence lies.
+    path (see `bert_padding.py`) hidden_states are the batch's packed rows, (R, H): its real
+    tokens grouped by length, and `mask` is a `PackedSequences` saying where each sequence lies.
     """
 
     def __init__(self, config: ScratchBertConfig):
@@ -171,7 +171,7 @@ class ScratchBertSelfAttention(nn.Module):
         implementation = "eager" if output_attentions else self.config._attn_implementation
         attend = ATTENTION_FUNCTIONS[implementation]
         dropout_p = self.dropout_p if self.training else 0.0
-        if isinstance(mask, PackedSequences):  # padding-free path: (T, H) in, (T, H) out
+        if isinstance(mask, PackedSequences):  # padding-free path: (R, H) in, (R, H) out
             q, k, v = self.query(hidden_states), self.key(hidden_states), self.value(hidden_states)
             return packed_attention(q, k, v, mask, self.num_heads, attend, dropout_p), None
 
@@ -259,7 +259,7 @@ class ScratchBertLayer(nn.Module):
 class EncoderOutput(ModelOutput):
     """What the encoder stack returns.
 
-    last_hidden_state (B, S, H) — or (T, H) on the padding-free path; hidden_states: L + 1 such
+    last_hidden_state (B, S, H) — or (R, H) on the padding-free path; hidden_states: L + 1 such
     tensors (the embeddings first), when asked for; attentions: L tensors (B, A, S, S), when asked for.
     """
 
@@ -600,13 +600,13 @@ class ScratchBertModel(ScratchBertPreTrainedModel):
         if attention_mask is not None and not bool(attention_mask.all()):
             dtype = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else hidden_states.dtype
             if self.padding_free and not output_attentions:
-                # Padding-free: each sequence's real tokens, packed into (T, H), attend among themselves.
-                mask = pack_sequences(attention_mask, lambda keep: additive_attention_mask(keep, dtype))
+                # Padding-free: each sequence's real tokens, packed into (R, H), attend among themselves.
+                mask = pack_sequences(attention_mask, self.config, lambda keep: additive_attention_mask(keep, dtype))
             else:
                 mask = additive_attention_mask(attention_mask, dtype)  # (B, 1, 1, S)
 
         if isinstance(mask, PackedSequences):
-            encoded = self.encoder(unpad(hidden_states, mask), mask, False, output_hidden_states)  # (T, H)
+            encoded = self.encoder(unpad(hidden_states, mask), mask, False, output_hidden_states)  # (R, H)
             encoded.last_hidden_state = pad(encoded.last_hidden_state, mask)  # (B, S, H), zeros at padding
             if output_hidden_states:
                 encoded.hidden_states = tuple(pad(h, mask) for h in encoded.hidden_states)
