@@ -34,6 +34,7 @@ TINY = {
     "intermediate_size": 64,
     "max_position_embeddings": 64,
     "max_seq_length": 32,
+    "dupe_factor": 1,
     "batch_size": 8,
     "max_steps": 8,
     "learning_rate": 3e-3,
@@ -379,7 +380,7 @@ def test_command_line_reports_errors_in_one_line(tmp_path, capsys):
 def test_two_process_ddp_on_cpu(corpus_file, tokenizer_dir, tmp_path):
     """`accelerate launch --multi_gpu --num_processes 2`: gloo DDP on CPU."""
     output_dir = tmp_path / "ddp"
-    flags = {**TINY, "max_steps": 12, "eval_every": 6, "save_every": 6, "log_every": 3, "learning_rate": 5e-3}
+    flags = {**TINY, "dupe_factor": 2, "max_steps": 12, "eval_every": 6, "save_every": 6, "log_every": 3, "learning_rate": 5e-3}
     command = [
         sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
         "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "29517",

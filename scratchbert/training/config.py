@@ -89,6 +89,7 @@ class PretrainConfig:
     text_column: str = field(default="text", metadata={"help": "text column of --dataset"})
     max_seq_length: int = field(default=128, metadata={"help": "tokens per example, special tokens included"})
     short_seq_prob: float = field(default=0.1, metadata={"help": "probability of a shorter random target length"})
+    dupe_factor: int = field(default=5, metadata={"help": "pairings of the training text, each with another seed (BERT used 10)"})
     mlm_probability: float = field(default=0.15, metadata={"help": "fraction of tokens chosen for masking"})
     whole_word_mask: bool = field(default=False, metadata={"help": "mask all ## pieces of a word together"})
     eval_fraction: float = field(default=0.1, metadata={"help": "fraction of documents held out for evaluation"})
@@ -141,7 +142,7 @@ class PretrainConfig:
         """Raise a ValueError naming the bad value and the fix."""
         positive = (
             "num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "max_position_embeddings",
-            "max_seq_length", "max_steps", "batch_size", "gradient_accumulation_steps", "keep_last",
+            "max_seq_length", "dupe_factor", "max_steps", "batch_size", "gradient_accumulation_steps", "keep_last",
             "log_every",
         )  # fmt: skip
         for name in positive:

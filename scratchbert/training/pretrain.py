@@ -116,6 +116,8 @@ def check_output_dir(config: PretrainConfig) -> dict | None:
     Raises a ValueError when output_dir holds checkpoints and neither --resume nor
     --overwrite says what to do, or when the checkpoint belongs to a different run.
     """
+    if Path(config.output_dir).exists() and not Path(config.output_dir).is_dir():
+        raise ValueError(f"--output-dir {config.output_dir} is a file, not a directory: choose another path.")
     existing = ckpt.list_checkpoints(config.output_dir)
     if not existing:
         return None
@@ -218,17 +220,26 @@ def split_documents(documents: list[str], eval_fraction: float, seed: int) -> tu
 
 
 def build_datasets(config: PretrainConfig, tokenizer, train_docs: list[str], eval_docs: list[str]):
-    """NSP example datasets for training and evaluation (`datasets.Dataset`s)."""
-    from scratchbert.training.data import build_pretraining_dataset
+    """NSP example datasets for training and evaluation (`datasets.Dataset`s).
 
-    datasets = []
-    for name, docs, seed in (("training", train_docs, config.seed), ("held-out", eval_docs, config.seed + 1)):
-        dataset = build_pretraining_dataset(
-            docs,
-            tokenizer,
-            max_seq_length=config.max_seq_length,
-            short_seq_prob=config.short_seq_prob,
-            seed=seed,
+    The training documents are tokenized once and paired `dupe_factor` times with
+    different seeds (as BERT's create_pretraining_data.py does): each copy cuts the
+    documents into other A/B segments and draws other NotNext partners, so a small corpus
+    offers more distinct sentence pairs than one pass over it would.
+    """
+    import datasets
+
+    from scratchbert.training.data import build_pretraining_dataset, tokenize_documents
+
+    pairing = {"max_seq_length": config.max_seq_length, "short_seq_prob": config.short_seq_prob}
+    splits = []
+    for name, docs, copies, seed in (
+        ("training", train_docs, config.dupe_factor, config.seed),
+        ("held-out", eval_docs, 1, config.seed + 10_000),  # a seed no training copy uses
+    ):
+        tokenized = tokenize_documents(docs, tokenizer)
+        dataset = datasets.concatenate_datasets(
+            [build_pretraining_dataset(tokenized, tokenizer, seed=seed + copy, **pairing) for copy in range(copies)]
         )
         if len(dataset) == 0:
             raise ValueError(
@@ -236,8 +247,8 @@ def build_datasets(config: PretrainConfig, tokenizer, train_docs: list[str], eva
                 f"sentence pairs of up to {config.max_seq_length} tokens. Add text or lower --max-seq-length"
                 + (" / raise --eval-fraction." if name == "held-out" else ".")
             )
-        datasets.append(dataset)
-    return datasets
+        splits.append(dataset)
+    return splits
 
 
 class IndexedDataset(Dataset):
@@ -438,7 +449,7 @@ class PretrainResult:
 
 def pretrain(config: PretrainConfig, model_class=None, config_class=None) -> PretrainResult:
     """Run (or resume) pretraining as `config` says; see the module docstring."""
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     output_dir = Path(config.output_dir)
     accelerator = build_accelerator(config)
     resume_state = check_output_dir(config)
@@ -566,7 +577,8 @@ def pretrain(config: PretrainConfig, model_class=None, config_class=None) -> Pre
     log.write(
         {
             "type": "final", "step": step, "epoch": epoch, "tokens_seen": tokens_seen,
-            "seconds": time.perf_counter() - started, "weight_checksums": checksums.tolist(), **eval_metrics,
+            "seconds": time.perf_counter() - started, "cpu_seconds": time.process_time() - cpu_started,
+            "weight_checksums": checksums.tolist(), **eval_metrics,
         }
     )  # fmt: skip
     if accelerator.is_main_process:
