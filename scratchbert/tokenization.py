@@ -26,15 +26,25 @@ give the same ids as the original BERT reference (reproduced by transformers' pu
 * a pair whose second text is empty still ends with its own [SEP]
   (`[CLS] A [SEP] [SEP]`); `BertTokenizer` drops the empty text and the [SEP].
 
+Its normalizer also reproduces three details of the reference that the Rust
+`BertNormalizer` misses (see `build_pipeline`), so on real text the ids are identical. What
+remains different: characters added to Unicode after the version of the Rust library's
+tables (e.g. U+09FD, U+09FE, from Unicode 10) can be classed differently (punctuation or
+accent) than Python's `unicodedata` classes them.
+
 `wordpiece_tokenize` is the algorithm written out in Python, the readable reference the
 tests prove equal to the Rust model.
+
+Saved tokenizers reload with `AutoTokenizer.from_pretrained(dir)`; this module registers
+`ScratchBertTokenizer` with AutoTokenizer when imported. Without scratchbert, transformers
+loads the same folder as a generic `TokenizersBackend` from `tokenizer.json`: same
+normalizer and casing, but transformers' own pair truncation and empty-pair handling.
 """
 
 from __future__ import annotations
 
 import argparse
 import gzip
-import json
 import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -97,20 +107,22 @@ def build_pipeline(
     * Python's `str.lower()` writes a capital sigma that ends a word as "ς"; the Rust
       lowercasing maps it to "σ" whatever follows.
     """
-    tokenizer = Tokenizer(model)
-    tokenizer.normalizer = normalizers.Sequence(
-        ([normalizers.Replace(Regex(UNICODE_OTHER), "")] if clean_text else [])
-        + [normalizers.NFC()]
-        + ([normalizers.Replace(Regex(FINAL_CAPITAL_SIGMA), "ς")] if lowercase else [])
-        + [
-            normalizers.BertNormalizer(
-                clean_text=clean_text,  # drop NUL and U+FFFD, map every whitespace character to " "
-                handle_chinese_chars=handle_chinese_chars,  # every CJK ideograph becomes its own word
-                strip_accents=strip_accents,
-                lowercase=lowercase,
-            )
-        ]
+    steps = []
+    if clean_text:
+        steps.append(normalizers.Replace(Regex(UNICODE_OTHER), ""))  # the reference's `_clean_text`
+    steps.append(normalizers.NFC())  # composed characters, as the reference sees them
+    if lowercase:
+        steps.append(normalizers.Replace(Regex(FINAL_CAPITAL_SIGMA), "ς"))  # Python's `str.lower()`
+    steps.append(
+        normalizers.BertNormalizer(
+            clean_text=clean_text,  # drop NUL and U+FFFD, map every whitespace character to " "
+            handle_chinese_chars=handle_chinese_chars,  # every CJK ideograph becomes its own word
+            strip_accents=strip_accents,
+            lowercase=lowercase,
+        )
     )
+    tokenizer = Tokenizer(model)
+    tokenizer.normalizer = normalizers.Sequence(steps)
     tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()  # whitespace, then each punctuation char alone
     tokenizer.decoder = decoders.WordPiece(prefix=CONTINUING_SUBWORD_PREFIX)  # "play ##ing" -> "playing"
     return tokenizer
@@ -362,6 +374,8 @@ def wrap_tokenizer(
     (`do_lower_case`, ...), so other BERT tokenizer classes that read them, such as
     transformers' `BertTokenizer`, load the folder with the same casing.
     """
+    if not isinstance(model_max_length, int) or model_max_length <= 0:
+        raise ValueError(f"model_max_length={model_max_length!r}: it must be a positive integer (the model's max_position_embeddings).")
     add_bert_template(tokenizer)
     return ScratchBertTokenizer(
         tokenizer_object=tokenizer,
@@ -463,7 +477,8 @@ def train_tokenizer(
     Args:
         texts: a file path, a list of file paths (UTF-8, one or more texts per line;
             `.gz` is read too), or any iterable of strings or of lists of strings, streamed
-            in batches so the corpus need not fit in memory.
+            in batches so the corpus need not fit in memory. A list of strings is read as
+            file paths only when every string names an existing file.
         vocab_size: tokens in the final vocabulary, the five special tokens included.
         min_frequency: a pair of pieces seen fewer times is never merged.
         lowercase, strip_accents, handle_chinese_chars, clean_text: BertNormalizer's
@@ -499,16 +514,16 @@ def train_tokenizer(
         show_progress=show_progress,
     )
     # Count the words the trainer actually sees, to tell an empty corpus from a small one.
-    seen = {"texts": 0, "words": 0}
+    seen = {"texts": 0, "non_blank": 0}
 
     def counted_batches() -> Iterator[list[str]]:
         for batch in iter_text_batches(texts):
             seen["texts"] += len(batch)
-            seen["words"] += sum(1 for text in batch if text.strip())
+            seen["non_blank"] += sum(1 for text in batch if text.strip())
             yield batch
 
     tokenizer.train_from_iterator(counted_batches(), trainer=trainer)
-    if seen["words"] == 0:
+    if seen["non_blank"] == 0:
         raise ValueError(
             f"the training corpus is empty ({seen['texts']} texts, none with any non-space character): "
             "pass files or strings that contain text."
@@ -539,8 +554,13 @@ def tokenizer_from_vocab(
         raise FileNotFoundError(f"no such vocabulary file: {vocab_file}")
     vocab: dict[str, int] = {}
     for index, line in enumerate(read_text_file(vocab_file)):
-        # Only the newline ends a token: BERT's loader keeps every other character.
-        vocab[line.rstrip("\n")] = index  # a repeated token keeps its last id, as in BERT
+        token = line.rstrip("\n")  # only the newline ends a token, as in BERT's loader
+        if token in vocab:
+            raise ValueError(
+                f"{vocab_file} lists {token!r} twice (lines {vocab[token] + 1} and {index + 1}); "
+                "a vocab.txt holds each token once, its line number being its id."
+            )
+        vocab[token] = index
     if not vocab:
         raise ValueError(f"{vocab_file} is empty: a vocab.txt lists one token per line.")
     model = models.WordPiece(
@@ -653,11 +673,19 @@ def dataset_texts(name: str, text_column: str = "text", split: str = "train") ->
     elif path.suffix and not path.exists():
         raise FileNotFoundError(f"no such dataset file: {name}")
     else:
-        loaded = datasets.load_dataset(name, split=split, streaming=True)
+        try:
+            loaded = datasets.load_dataset(name, split=split, streaming=True)
+        except (ConnectionError, FileNotFoundError, ValueError) as err:
+            raise ValueError(
+                f"could not load the dataset {name!r} ({type(err).__name__}: {err}); give a local data file or "
+                "folder, or a dataset name the Hugging Face Hub (or your local cache) has."
+            ) from None
     columns = loaded.column_names
     if columns is not None and text_column not in columns:
         raise ValueError(f"{name} has no column {text_column!r}; its columns are {', '.join(columns)} (use --text-column).")
     for batch in loaded.iter(batch_size=TRAIN_BATCH_SIZE):
+        if text_column not in batch:  # a streamed dataset may learn its columns only here
+            raise ValueError(f"{name} has no column {text_column!r}; its columns are {', '.join(batch)} (use --text-column).")
         yield [text for text in batch[text_column] if text is not None]
 
 

@@ -339,6 +339,9 @@ def test_vocabulary_without_special_tokens_is_a_clear_error(tmp_path):
     vocab.write_text("[PAD]\n[UNK]\nthe\n##s\n", encoding="utf-8")
     with pytest.raises(ValueError, match=r"no \[CLS\], \[SEP\], \[MASK\]"):
         tokenizer_from_vocab(vocab)
+    vocab.write_text("\n".join([*SPECIAL_TOKENS, "the", "##s", "the"]) + "\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="lists 'the' twice"):
+        tokenizer_from_vocab(vocab)
 
 
 def test_decode_joins_wordpieces(bert_tokenizer):
