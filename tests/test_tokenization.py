@@ -297,7 +297,8 @@ def test_checkpoint_folder_loads_tokenizer_and_fill_mask(uncased_tokenizer, tmp_
     fill_mask = pipeline("fill-mask", model=str(tmp_path))
     predictions = fill_mask("the quick [MASK] fox", top_k=3)
     assert len(predictions) == 3
-    assert sorted(p["score"] for p in predictions) == sorted((p["score"] for p in predictions), reverse=True)[::-1]
+    scores = [prediction["score"] for prediction in predictions]
+    assert scores == sorted(scores, reverse=True) and 0 < sum(scores) <= 1
     for prediction in predictions:
         assert prediction["token_str"] == uncased_tokenizer.decode([prediction["token"]])
         assert prediction["sequence"].startswith("the quick") and prediction["sequence"].endswith("fox")
@@ -332,6 +333,9 @@ def test_tokenizer_from_vocab_reads_bert_vocabulary(bert_tokenizer, bert_vocab_f
     assert (bert_tokenizer.unk_token_id, bert_tokenizer.mask_token_id) == (100, 103)
     with pytest.raises(FileNotFoundError, match="no such vocabulary file"):
         tokenizer_from_vocab(bert_vocab_file.parent / "missing.txt")
+    assert tokenizer_from_vocab(bert_vocab_file, model_max_length=128).model_max_length == 128
+    with pytest.raises(ValueError, match="model_max_length=0"):
+        tokenizer_from_vocab(bert_vocab_file, model_max_length=0)
 
 
 def test_vocabulary_without_special_tokens_is_a_clear_error(tmp_path):
