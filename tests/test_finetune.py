@@ -156,8 +156,12 @@ def test_label_names_from_strings_integers_and_class_labels():
     names = label_names_of(integers, "label")
     assert names == ["0", "2"]  # named by value, ids 0..K-1 in value order
     assert encode_labels(integers, "label", names)["train"]["labels"] == [1, 0, 1]
-    classes = Dataset.from_dict({"label": [1, 0]}).cast_column("label", ClassLabel(names=["no", "yes"]))
-    assert label_names_of(DatasetDict(train=classes), "label") == ["no", "yes"]
+    classes = DatasetDict(train=Dataset.from_dict({"label": [1, 0]}).cast_column("label", ClassLabel(names=["no", "yes"])))
+    assert label_names_of(classes, "label") == ["no", "yes"]
+    assert encode_labels(classes, "label", ["yes", "no"])["train"]["labels"] == [0, 1]  # e.g. a head's order
+    unlabelled = Dataset.from_dict({"label": [1, -1]}).cast_column("label", ClassLabel(names=["no", "yes"]))
+    with pytest.raises(ValueError, match="row 1 has no label"):
+        label_names_of(DatasetDict(train=unlabelled), "label")
 
 
 # --------------------------------------------------------------------------- clear errors

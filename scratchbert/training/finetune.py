@@ -199,6 +199,10 @@ def label_names_of(splits, label_column: str) -> list[str]:
 
     feature = splits["train"].features[label_column]
     if isinstance(feature, ClassLabel):
+        for name, split in splits.items():
+            for row, value in enumerate(split[label_column]):
+                if value is None or not 0 <= value < feature.num_classes:  # `datasets` writes -1 for "no label"
+                    raise ValueError(f"{name} row {row} has no label in column {label_column!r} (found {value!r}).")
         return list(feature.names)
     kinds = set()
     for name, split in splits.items():
@@ -233,12 +237,15 @@ def encode_labels(splits, label_column: str, label_names: Sequence[str]):
     from datasets import ClassLabel
 
     label2id = {name: i for i, name in enumerate(label_names)}
-    is_class_label = isinstance(splits["train"].features[label_column], ClassLabel)
+    feature = splits["train"].features[label_column]
+
+    def name_of(value) -> str:
+        if isinstance(feature, ClassLabel):
+            return feature.int2str(value)
+        return str(int(value)) if isinstance(value, (bool, int)) else value
 
     def to_ids(batch):
-        if is_class_label:
-            return {"labels": batch[label_column]}
-        return {"labels": [label2id[str(int(v)) if isinstance(v, (bool, int)) else v] for v in batch[label_column]]}
+        return {"labels": [label2id[name_of(value)] for value in batch[label_column]]}
 
     return splits.map(to_ids, batched=True, desc="encoding labels")
 
