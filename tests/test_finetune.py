@@ -8,6 +8,9 @@ from __future__ import annotations
 import csv
 import json
 import random
+import runpy
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -46,6 +49,7 @@ from scratchbert.training.finetune import (
     token_classification_metrics,
 )
 
+REPO = Path(__file__).resolve().parents[1]
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 FILLERS = [f"w{i}" for i in range(24)]
 EVEN_FILLERS, ODD_FILLERS = FILLERS[0::2], FILLERS[1::2]  # the token-tagging rule: odd words are tag 1
@@ -199,6 +203,13 @@ def test_bad_data_gives_one_line_error(tmp_path, capsys, cli_main, scratch_check
     code, err = run_cli(cli_main, capsys, scratch_checkpoint, "--train-file", data, "--validation-file", data, "--output-dir", tmp_path / "out", *flags)
     assert code == 2 and message in err and "Traceback" not in err
     assert not (tmp_path / "out").exists()  # nothing is written before the data checks pass
+
+
+def test_script_is_the_cli_command(cli_main, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["scripts/finetune.py", "--help"])
+    with pytest.raises(SystemExit) as exit_info:
+        runpy.run_path(str(REPO / "scripts" / "finetune.py"), run_name="__main__")
+    assert exit_info.value.code == 0 and "usage: scratchbert finetune" in capsys.readouterr().out
 
 
 def test_empty_or_missing_data_and_occupied_output_dir(tmp_path, capsys, cli_main, scratch_checkpoint):
