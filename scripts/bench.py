@@ -6,12 +6,14 @@ process, and every figure is a median over repeats. Cases:
 
   (a) encoder inference on full-length batches (no padding: the plain path), fp32 and bf16
   (b) encoder inference on variable-length batches from real text: sentences of the shared
-      novels capped at 128 tokens, IMDB reviews truncated at 512, padded to that length;
-      fp32 and bf16 (autocast). The ideal speed-up is padded tokens / real tokens.
+      novels capped at 128 tokens, IMDB reviews truncated at 512, padded to that length.
+      The ideal speed-up is padded tokens / real tokens.
+  (a) and (b) run in fp32, in bf16 (bf16 copies of the weights, as bf16 inference is served)
+  and under bf16 autocast on the fp32 weights (which re-casts every weight on every call).
   (c) a pretraining step (MLM + NSP, forward, backward, AdamW) on batches from the project's
       own pipeline (`build_pretraining_dataset` + `DataCollatorForPretraining`), in tokens/s
   (d) the peak memory of (c): each side in its own subprocess, resident set size (RSS) at the
-      peak of three steps, and its rise over the RSS of the loaded model.
+      peak of two steps, and its rise over the RSS of the loaded model.
 
 The share of the matmul peak divides the *useful* FLOPs (linears on real tokens, attention
 within each sequence's own length, the MLM decoder at labelled positions in training) by the
@@ -28,6 +30,7 @@ interleaving keeps the ratios fair, the absolute numbers less so.
 from __future__ import annotations
 
 import argparse
+import copy
 import gzip
 import importlib.util
 import json
@@ -220,7 +223,7 @@ class Row:
         return self.padded_tokens / self.real_tokens
 
 
-def format_table(rows: list[Row], peaks: dict[str, float]) -> str:
+def format_table(rows: list[Row], peaks: dict[str, float], threads: int) -> str:
     lines = [
         "| case | dtype | real / padded tokens | transformers | scratchbert | speed-up | of ideal | target "
         "| transformers % peak | scratchbert % peak |",
@@ -239,7 +242,7 @@ def format_table(rows: list[Row], peaks: dict[str, float]) -> str:
     lines.append(
         "Matmul peak measured in this run: "
         + ", ".join(f"{name} {value / 1e9:,.0f} GFLOP/s" for name, value in peaks.items())
-        + f" ({NUM_THREADS} threads)."
+        + f" ({threads} threads)."
     )
     return "\n".join(lines)
 
@@ -263,26 +266,28 @@ def peak_rss_bytes() -> int:
     raise RuntimeError("no VmHWM in /proc/self/status")
 
 
-def memory_worker(side: str, directory: Path, batch_file: Path) -> None:
-    """Run three pretraining steps of one side and print its RSS figures as JSON."""
-    torch.set_num_threads(NUM_THREADS)
+def memory_worker(side: str, directory: Path, batch_file: Path, threads: int) -> None:
+    """Run two pretraining steps of one side and print its RSS figures as JSON."""
+    torch.set_num_threads(threads)
     batch = torch.load(batch_file)
     ours, theirs = load_models(directory, side)
     model = ours if side == "ours" else theirs
     step = training_runner(model, batch, torch.float32)
+    with torch.no_grad():  # fault in every weight page, so both baselines hold the whole model
+        sum(float(p.sum()) for p in model.parameters())
     loaded = rss_bytes()
-    for _ in range(3):
+    for _ in range(2):
         step()
     print(json.dumps({"loaded": loaded, "peak": peak_rss_bytes()}))
 
 
-def measure_memory(directory: Path, batch: dict[str, torch.Tensor], workdir: Path) -> dict[str, dict[str, int]]:
+def measure_memory(directory: Path, batch: dict[str, torch.Tensor], workdir: Path, threads: int) -> dict[str, dict[str, int]]:
     batch_file = workdir / "batch.pt"
     torch.save(batch, batch_file)
     result = {}
     for side in ("ours", "theirs"):
         out = subprocess.run(
-            [sys.executable, __file__, "--memory-worker", side, str(directory), str(batch_file)],
+            [sys.executable, __file__, "--memory-worker", side, str(directory), str(batch_file), str(threads)],
             check=True,
             capture_output=True,
             text=True,
@@ -295,26 +300,32 @@ def measure_memory(directory: Path, batch: dict[str, torch.Tensor], workdir: Pat
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="2 layers and small batches: under a minute")
-    parser.add_argument("--repeats", type=int, default=None, help="timed runs per side and case (default 5, quick 2)")
-    parser.add_argument("--memory-worker", nargs=3, metavar=("SIDE", "DIR", "BATCH"), help=argparse.SUPPRESS)
+    parser.add_argument("--repeats", type=int, default=None, help="timed runs per side and case (default 5, quick 1)")
+    parser.add_argument("--threads", type=int, default=NUM_THREADS, help=f"torch threads (default {NUM_THREADS}, the machine's cores)")
+    parser.add_argument("--memory-worker", nargs=4, metavar=("SIDE", "DIR", "BATCH", "THREADS"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.memory_worker:
-        side, directory, batch_file = args.memory_worker
-        memory_worker(side, Path(directory), Path(batch_file))
+        side, directory, batch_file, threads = args.memory_worker
+        memory_worker(side, Path(directory), Path(batch_file), int(threads))
         return 0
+    if args.threads < 1:
+        parser.error("--threads must be at least 1")
 
-    torch.set_num_threads(NUM_THREADS)
+    torch.set_num_threads(args.threads)
+    load_before = os.getloadavg()
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
     datasets.disable_progress_bars()
     quick = args.quick
-    repeats = args.repeats or (2 if quick else 5)
+    repeats = args.repeats or (1 if quick else 5)
+    if repeats < 1:
+        parser.error("--repeats must be at least 1")
     geometry = dict(BERT_BASE, num_hidden_layers=2 if quick else 12)
-    sizes = dict(full=(4, 128), novels=(16, 128), imdb=(4, 512), pretrain=(8, 128)) if quick else dict(
-        full=(8, 128), novels=(32, 128), imdb=(8, 512), pretrain=(32, 128)
+    sizes = dict(full=(2, 128), novels=(8, 128), imdb=(2, 512), pretrain=(4, 128)) if quick else dict(
+        full=(8, 128), novels=(16, 128), imdb=(4, 512), pretrain=(16, 128)
     )
     print(f"scratchbert bench: {'quick, ' if quick else ''}{geometry['num_hidden_layers']} layers of bert-base width, "
-          f"{NUM_THREADS} threads, {repeats} timed runs per side (medians)", flush=True)
+          f"{args.threads} threads, {repeats} timed runs per side (medians)", flush=True)
 
     tokenizer = bert_tokenizer()
     with tempfile.TemporaryDirectory() as tmp:
@@ -333,11 +344,16 @@ def main(argv: list[str] | None = None) -> int:
             "(b) IMDB reviews": padded_batch(tokenizer, imdb_reviews(sizes["imdb"][0], seed=0), sizes["imdb"][1]),
         }
         rows = []
-        for dtype, dtype_name in ((torch.float32, "fp32"), (torch.bfloat16, "bf16 autocast")):
+        variants = (
+            ("fp32", ours.bert, theirs.bert, torch.float32),
+            ("bf16", copy.deepcopy(ours.bert).to(torch.bfloat16), copy.deepcopy(theirs.bert).to(torch.bfloat16), torch.float32),
+            ("bf16 autocast", ours.bert, theirs.bert, torch.bfloat16),
+        )
+        for dtype_name, our_encoder, their_encoder, dtype in variants:
             for case, batch in inputs.items():
                 print(f"  {case}, {dtype_name} ...", flush=True)
                 ours_s, theirs_s = interleaved(
-                    encoder_runner(ours.bert, batch, dtype), encoder_runner(theirs.bert, batch, dtype), repeats
+                    encoder_runner(our_encoder, batch, dtype), encoder_runner(their_encoder, batch, dtype), repeats
                 )
                 mask = batch["attention_mask"]
                 rows.append(Row(
@@ -348,15 +364,16 @@ def main(argv: list[str] | None = None) -> int:
                     ours_s=ours_s,
                     theirs_s=theirs_s,
                     flops=encoder_flops(config, mask),
-                    peak=peaks["fp32" if dtype == torch.float32 else "bf16"],
+                    peak=peaks["fp32" if dtype_name == "fp32" else "bf16"],
                     target=">= 1.00x" if case.startswith("(a)") else ">= 80% of ideal",
                 ))
+        del variants, our_encoder, their_encoder
 
         batch = pretraining_batch(tokenizer, *sizes["pretrain"], seed=0)
         for dtype, dtype_name in ((torch.float32, "fp32"), (torch.bfloat16, "bf16 autocast")):
             print(f"  (c) pretraining step, {dtype_name} ...", flush=True)
             ours_s, theirs_s = interleaved(
-                training_runner(ours, batch, dtype), training_runner(theirs, batch, dtype), max(2, repeats - 2)
+                training_runner(ours, batch, dtype), training_runner(theirs, batch, dtype), max(1, repeats - 2)
             )
             mask = batch["attention_mask"]
             rows.append(Row(
@@ -375,10 +392,10 @@ def main(argv: list[str] | None = None) -> int:
         peaks["bf16 (end)"] = matmul_peak(torch.bfloat16, 5)
 
         print("  (d) peak memory of (c), fp32, one subprocess per side ...", flush=True)
-        memory = measure_memory(workdir / "weights", batch, workdir)
+        memory = measure_memory(workdir / "weights", batch, workdir, args.threads)
 
     print()
-    print(format_table(rows, peaks))
+    print(format_table(rows, peaks, args.threads))
     mib = 2**20
     print()
     print("| (d) pretraining step, fp32 | transformers | scratchbert | ratio | target |")
@@ -388,8 +405,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {label} | {value['theirs'] / mib:,.0f} MiB | {value['ours'] / mib:,.0f} MiB "
               f"| {value['ours'] / value['theirs']:.2f} | <= 1.00 |")
     print()
-    print(f"command: python scripts/bench.py{' --quick' if quick else ''}; torch {torch.__version__}, "
-          f"transformers {transformers.__version__}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    load_after = os.getloadavg()
+    command = " ".join(["python scripts/bench.py", *(argv if argv is not None else sys.argv[1:])])
+    print(f"command: {command}; torch {torch.__version__}, transformers {transformers.__version__}; "
+          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {os.cpu_count()} CPUs, 1-minute load average "
+          f"{load_before[0]:.1f} at the start and {load_after[0]:.1f} at the end (above {os.cpu_count()}: other work "
+          "competed for the cores, and times are inflated, ratios noisier)")
     return 0
 
 
