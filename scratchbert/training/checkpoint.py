@@ -41,7 +41,8 @@ _STEP_DIR = re.compile(r"^step-(\d+)$")
 RESUMABLE_CHANGES = frozenset(
     {
         "output_dir", "resume", "overwrite", "max_steps", "eval_every", "save_every", "keep_last",
-        "log_every", "report_to", "progress_bar", "num_workers", "tokenizer", "vocab_size", "lowercase",
+        "log_every", "report_to", "progress_bar", "num_workers", "max_eval_examples", "tokenizer", "vocab_size",
+        "lowercase",
     }
 )  # fmt: skip
 # (the tokenizer of a resumed run is the one saved in output_dir, so its options no longer matter)

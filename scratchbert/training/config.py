@@ -93,6 +93,7 @@ class PretrainConfig:
     mlm_probability: float = field(default=0.15, metadata={"help": "fraction of tokens chosen for masking"})
     whole_word_mask: bool = field(default=False, metadata={"help": "mask all ## pieces of a word together"})
     eval_fraction: float = field(default=0.1, metadata={"help": "fraction of documents held out for evaluation"})
+    max_eval_examples: int = field(default=1000, metadata={"help": "cap on held-out sentence pairs scored per evaluation (0: all)"})
     num_workers: int = field(default=0, metadata={"help": "DataLoader worker processes"})
 
     # --- optimisation ---
@@ -151,7 +152,7 @@ class PretrainConfig:
                 raise ValueError(f"{name}={value!r}: it must be a positive integer.")
         if self.vocab_size is not None and (not isinstance(self.vocab_size, int) or self.vocab_size <= 5):
             raise ValueError(f"vocab_size={self.vocab_size!r}: it must be an integer above 5 (the special tokens).")
-        for name in ("eval_every", "save_every", "num_workers"):
+        for name in ("eval_every", "save_every", "num_workers", "max_eval_examples"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}={getattr(self, name)!r}: it must be 0 or more.")
         if self.hidden_size % self.num_attention_heads:

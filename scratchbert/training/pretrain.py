@@ -248,7 +248,12 @@ def build_datasets(config: PretrainConfig, tokenizer, train_docs: list[str], eva
                 + (" / raise --eval-fraction." if name == "held-out" else ".")
             )
         splits.append(dataset)
-    return splits
+    train_dataset, eval_dataset = splits
+    if config.max_eval_examples and len(eval_dataset) > config.max_eval_examples:
+        # A spread-out, fixed subset, so evaluation costs the same at every step and on every run.
+        step = len(eval_dataset) / config.max_eval_examples
+        eval_dataset = eval_dataset.select([int(i * step) for i in range(config.max_eval_examples)])
+    return train_dataset, eval_dataset
 
 
 class IndexedDataset(Dataset):
@@ -492,11 +497,21 @@ def pretrain(config: PretrainConfig, model_class=None, config_class=None) -> Pre
     )
 
     step, epoch, batches_in_epoch, tokens_seen = 0, 0, 0, 0
+    if config.resume and resume_state is None:
+        accelerator.print(f"--resume: no checkpoint in {output_dir} yet, so training starts at step 0")
     if resume_state is not None:
         ckpt.load_checkpoint(accelerator, resume_state["path"])
         step, epoch = resume_state["step"], resume_state["epoch"]
         batches_in_epoch, tokens_seen = resume_state["batches_in_epoch"], resume_state.get("tokens_seen", 0)
         accelerator.print(f"resuming from {resume_state['path']} (step {step}, epoch {epoch})")
+        saved_processes = resume_state.get("num_processes", accelerator.num_processes)
+        if saved_processes != accelerator.num_processes:
+            # Each process skips its own batches; keep the number of examples seen about the same.
+            batches_in_epoch = batches_in_epoch * saved_processes // accelerator.num_processes
+            accelerator.print(
+                f"note: the checkpoint was written by {saved_processes} process(es), this run has "
+                f"{accelerator.num_processes}: data shards differ, so the run continues but not bit-exactly."
+            )
     accelerator.init_trackers("pretrain", config={k: str(v) if isinstance(v, list) else v for k, v in config.to_dict().items()})
     log = RunLog(accelerator, output_dir / LOG_FILE, step if resume_state is not None else None)
     log.write(
@@ -535,7 +550,7 @@ def pretrain(config: PretrainConfig, model_class=None, config_class=None) -> Pre
                     optimizer.zero_grad()
                 window["loss"] += loss.detach().float()
                 window["batches"] += 1
-                window["tokens"] += int(batch["attention_mask"].sum())
+                window["tokens"] += batch["attention_mask"].sum()  # a tensor: no device sync per step
                 if not accelerator.sync_gradients:
                     continue
                 scheduler.step()
@@ -616,7 +631,8 @@ def _progress_bar(config: PretrainConfig, accelerator: Accelerator, step: int):
 def _train_record(accelerator: Accelerator, window: dict, step: int, epoch: int, scheduler) -> dict:
     """Mean training loss over the logging window on all processes, and throughput."""
     mean_loss = accelerator.reduce(window["loss"] / max(window["batches"], 1), reduction="mean").item()
-    tokens = int(accelerator.reduce(torch.tensor(window["tokens"], device=accelerator.device), reduction="sum").item())
+    local_tokens = torch.as_tensor(window["tokens"], device=accelerator.device)
+    tokens = int(accelerator.reduce(local_tokens, reduction="sum").item())
     seconds = time.perf_counter() - window["start"]
     window.update(loss=torch.zeros_like(window["loss"]), batches=0, tokens=0, start=time.perf_counter())
     return {
