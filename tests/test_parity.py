@@ -39,6 +39,15 @@ from scratchbert.tokenization import tokenizer_from_vocab
 
 ATOL = 1e-5
 ATOL_PROBS = 1e-6
+# rxnfp's MLM logits reach |18|. Under sdpa, scratchbert's padding-free path runs attention per
+# sequence, which changes the fp32 summation order; on logits that large the rounding (fp32 eps
+# 1.2e-7, relative) shows up as ~1.1e-5 absolute, i.e. 6e-7 of the largest logit. So these logits
+# get 1e-5 plus 2e-6 relative to their largest magnitude (4.6e-5 here); everything else 1e-5.
+RXNFP_LOGITS_RTOL = 2e-6
+
+
+def logits_tolerance(reference: torch.Tensor) -> float:
+    return ATOL + RXNFP_LOGITS_RTOL * reference.abs().max().item()
 
 BERT_BASE = dict(
     vocab_size=30522,
@@ -296,7 +305,7 @@ def test_rxnfp_pretraining_heads_real_weights(rxnfp_dir, attn_implementation):
         a = ours(**batch, labels=labels, next_sentence_label=nsp)
         b = theirs(**batch, labels=labels, next_sentence_label=nsp)
     tag = f"rxnfp/{attn_implementation}"
-    assert_parity(f"{tag} MLM logits", a.prediction_logits, b.prediction_logits, keep=batch["attention_mask"])
+    assert_parity(f"{tag} MLM logits", a.prediction_logits, b.prediction_logits, logits_tolerance(b.prediction_logits), batch["attention_mask"])
     assert_parity(f"{tag} NSP logits", a.seq_relationship_logits, b.seq_relationship_logits)
     assert_parity(f"{tag} loss", a.loss, b.loss)
     masked = labels != -100
@@ -398,7 +407,7 @@ def test_export_to_transformers_bert_loads_with_no_missing_keys(tmp_path, rxnfp_
     batch, _ = rxnfp_batch(rxnfp_dir)
     with torch.no_grad():
         a, b = ours(**batch), theirs.eval()(**batch)
-    assert_parity("export MLM logits", a.prediction_logits, b.prediction_logits, keep=batch["attention_mask"])
+    assert_parity("export MLM logits", a.prediction_logits, b.prediction_logits, logits_tolerance(b.prediction_logits), batch["attention_mask"])
     assert_parity("export NSP logits", a.seq_relationship_logits, b.seq_relationship_logits)
 
 
