@@ -375,28 +375,37 @@ def assert_same_encodings(ours, reference, label):
             raise AssertionError(f"{label}: {key} differs\nours:      {ours[key]}\nreference: {reference[key]}")
 
 
-def check_imdb_parity(tokenizer, reference, texts, pair_count):
+def check_imdb_parity(tokenizer, reference, texts, pair_count, chunk_size=500):
     """Singles (all `texts`) and pairs of neighbours (the first `pair_count`), with and
-    without truncation: our batch calls against the reference."""
-    # The reference's full path (tokenize, ids, [CLS]/[SEP]) once per review...
-    expected = [reference(text, return_token_type_ids=True) for text in texts]
-    ours = tokenizer(texts)
-    for index, want in enumerate(expected):
-        got = {key: ours[key][index] for key in ("input_ids", "token_type_ids", "attention_mask")}
-        assert_same_encodings(got, want, f"review {index}")
-    # ...then its truncation and pair assembly on those ids (re-tokenizing is the slow part).
-    ids = [want["input_ids"][1:-1] for want in expected]
-    truncated = tokenizer(texts, truncation=True, max_length=128)
-    for index in range(len(texts)):
-        got = {key: truncated[key][index] for key in ("input_ids", "token_type_ids", "attention_mask")}
-        assert_same_encodings(got, reference_encode(reference, ids[index], max_length=128), f"review {index}, 128")
-    firsts, seconds = texts[:pair_count], texts[1 : pair_count + 1]
-    for max_length in (None, 128, 129, 512):
-        pairs = tokenizer(firsts, seconds, truncation=max_length is not None, max_length=max_length)
-        for index in range(len(firsts)):
-            want = reference_encode(reference, ids[index], ids[index + 1], max_length=max_length)
-            got = {key: pairs[key][index] for key in want}
-            assert_same_encodings(got, want, f"reviews {index} + {index + 1}, max_length={max_length}")
+    without truncation: our batch calls against the reference, `chunk_size` reviews at a time.
+
+    (Chunks, because the Rust backend keeps every overflow window of a truncated pair:
+    about 1 MB per pair of long reviews truncated to 128 tokens, as in BertTokenizer.)
+    """
+    for start in range(0, len(texts), chunk_size):
+        chunk = texts[start : start + chunk_size + 1]  # one more: the last pair's second text
+        singles = chunk[:chunk_size]
+        # The reference's full path (tokenize, ids, [CLS]/[SEP]) once per review...
+        expected = [reference(text, return_token_type_ids=True) for text in chunk]
+        ours = tokenizer(singles)
+        truncated = tokenizer(singles, truncation=True, max_length=128)
+        # ...then its truncation and pair assembly on those ids (re-tokenizing is the slow part).
+        ids = [want["input_ids"][1:-1] for want in expected]
+        for index in range(len(singles)):
+            label = f"review {start + index}"
+            assert_same_encodings({key: ours[key][index] for key in expected[index]}, expected[index], label)
+            want = reference_encode(reference, ids[index], max_length=128)
+            assert_same_encodings({key: truncated[key][index] for key in want}, want, label + ", 128 tokens")
+        pairs_here = max(0, min(pair_count - start, len(chunk) - 1, chunk_size))
+        if pairs_here == 0:
+            continue
+        firsts, seconds = chunk[:pairs_here], chunk[1 : pairs_here + 1]
+        for max_length in (None, 128, 129, 512):
+            pairs = tokenizer(firsts, seconds, truncation=max_length is not None, max_length=max_length)
+            for index in range(pairs_here):
+                want = reference_encode(reference, ids[index], ids[index + 1], max_length=max_length)
+                label = f"reviews {start + index} + {start + index + 1}, max_length={max_length}"
+                assert_same_encodings({key: pairs[key][index] for key in want}, want, label)
 
 
 def test_matches_reference_on_imdb_reviews(bert_tokenizer, reference, imdb_reviews):
