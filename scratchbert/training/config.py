@@ -16,6 +16,10 @@ follow-up ("Well-Read Students Learn Better", Turc et al. 2019) plus BERT-base:
     small         4       512        8           2048
     medium        8       512        8           2048
     base         12       768       12           3072
+
+The defaults (tiny, 400 steps of 32 pairs of 64 tokens, peak learning rate 2e-3) are the
+no-argument demo: a few minutes on 2 CPU cores. Real pretraining wants longer sequences
+(BERT: 128, then 512), far more steps and, for larger presets, a lower learning rate.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ PRESETS: dict[str, tuple[int, int]] = {
 }
 HEAD_DIM = 64  # every released BERT uses 64-dimensional attention heads
 MIXED_PRECISION_CHOICES = ("no", "bf16", "fp16")
-DEFAULT_VOCAB_SIZE = 8192  # plenty for the embedded corpus; BERT's English vocabularies have ~30k
+DEFAULT_VOCAB_SIZE = 4096  # plenty for the embedded corpus (~65k words); BERT's English vocabularies have ~30k
 
 
 def preset_geometry(name: str) -> dict[str, int]:
@@ -87,7 +91,7 @@ class PretrainConfig:
     )
     dataset: str | None = field(default=None, metadata={"help": "a `datasets` dataset (local directory or hub name)"})
     text_column: str = field(default="text", metadata={"help": "text column of --dataset"})
-    max_seq_length: int = field(default=128, metadata={"help": "tokens per example, special tokens included"})
+    max_seq_length: int = field(default=64, metadata={"help": "tokens per example, special tokens included"})
     short_seq_prob: float = field(default=0.1, metadata={"help": "probability of a shorter random target length"})
     dupe_factor: int = field(default=5, metadata={"help": "pairings of the training text, each with another seed (BERT used 10)"})
     mlm_probability: float = field(default=0.15, metadata={"help": "fraction of tokens chosen for masking"})
@@ -97,11 +101,11 @@ class PretrainConfig:
     num_workers: int = field(default=0, metadata={"help": "DataLoader worker processes"})
 
     # --- optimisation ---
-    max_steps: int = field(default=600, metadata={"help": "optimizer steps to train for"})
+    max_steps: int = field(default=400, metadata={"help": "optimizer steps to train for"})
     batch_size: int = field(default=32, metadata={"help": "examples per device per forward pass"})
     gradient_accumulation_steps: int = field(default=1, metadata={"help": "forward passes per optimizer step"})
-    learning_rate: float = field(default=1e-3, metadata={"help": "peak learning rate of AdamW"})
-    warmup_ratio: float = field(default=0.06, metadata={"help": "fraction of max_steps spent warming up linearly"})
+    learning_rate: float = field(default=2e-3, metadata={"help": "peak learning rate of AdamW"})
+    warmup_ratio: float = field(default=0.1, metadata={"help": "fraction of max_steps spent warming up linearly"})
     weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay (never on biases or LayerNorm)"})
     adam_beta1: float = field(default=0.9, metadata={"help": "AdamW beta1"})
     adam_beta2: float = field(default=0.999, metadata={"help": "AdamW beta2"})
