@@ -21,6 +21,7 @@ from scratchbert.modeling_scratchbert import (
     ScratchBertModel,
     ScratchBertPreTrainedModel,
 )
+from scratchbert.tokenization import ScratchBertTokenizer, tokenizer_from_vocab, train_tokenizer  # registers with AutoTokenizer
 
 __version__ = "0.1.0"
 
@@ -55,4 +56,7 @@ __all__ = [
     "ScratchBertForTokenClassification",
     "ScratchBertForQuestionAnswering",
     "ScratchBertForMultipleChoice",
+    "ScratchBertTokenizer",
+    "tokenizer_from_vocab",
+    "train_tokenizer",
 ]
