@@ -11,8 +11,9 @@ $(VENV)/.installed: pyproject.toml scripts/setup.sh
 	bash scripts/setup.sh
 	touch $@
 
+# --resume: a second `make demo` continues an interrupted run in runs/tiny, or shows a finished one again.
 demo: setup
-	$(VENV)/bin/scratchbert pretrain
+	$(VENV)/bin/scratchbert pretrain --resume
 
 test: setup
 	$(PY) -m pytest

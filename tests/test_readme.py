@@ -34,7 +34,7 @@ def test_make_targets_set_up_the_environment_then_run_the_right_thing():
     demo, tests = make_dry_run("demo"), make_dry_run("test")
     for plan in (demo, tests):
         assert "bash scripts/setup.sh" in plan  # venv, pinned CPU torch, extras, test weights
-    assert re.search(r"bin/scratchbert pretrain\s*$", demo, re.M)
+    assert re.search(r"bin/scratchbert pretrain --resume\s*$", demo, re.M)
     assert re.search(r"bin/python -m pytest\s*$", tests, re.M)
 
 
