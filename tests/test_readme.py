@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -73,7 +74,16 @@ def test_main_job_runs_end_to_end_in_miniature(tmp_path):
 
 @pytest.mark.slow
 def test_main_job_full_demo_learns_something(tmp_path):
-    """The whole `make demo` training run (minutes): the model must beat chance on held-out NSP and MLM."""
+    """The whole `make demo` training run (minutes): the model must beat chance on held-out MLM and NSP."""
     result = subprocess.run([sys.executable, "-m", "scratchbert", "pretrain"], cwd=tmp_path, capture_output=True, text=True, timeout=1800)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-    assert (tmp_path / "runs" / "tiny" / "training_curves.png").is_file()
+    run = tmp_path / "runs" / "tiny"
+    assert (run / "training_curves.png").is_file()
+    records = [json.loads(line) for line in (run / "train_log.jsonl").read_text().splitlines()]
+    first_eval = next(r for r in records if r["type"] == "eval")
+    final = records[-1]
+    assert final["type"] == "final"
+    # Measured on 2 cores: 0.06 MLM accuracy at step 100 (the most frequent tokens), 0.187 at
+    # step 2000; NSP 0.65 against 0.5 for chance.
+    assert final["mlm_accuracy"] > max(0.12, first_eval["mlm_accuracy"] + 0.04)
+    assert final["nsp_accuracy"] > 0.55

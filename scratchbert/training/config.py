@@ -17,7 +17,7 @@ follow-up ("Well-Read Students Learn Better", Turc et al. 2019) plus BERT-base:
     medium        8       512        8           2048
     base         12       768       12           3072
 
-The defaults (tiny, 400 steps of 32 pairs of 64 tokens, peak learning rate 2e-3) are the
+The defaults (tiny, 2000 steps of 32 pairs of 64 tokens, peak learning rate 2e-3) are the
 no-argument demo: a few minutes on 2 CPU cores. Real pretraining wants longer sequences
 (BERT: 128, then 512), far more steps and, for larger presets, a lower learning rate.
 """
@@ -101,7 +101,7 @@ class PretrainConfig:
     num_workers: int = field(default=0, metadata={"help": "DataLoader worker processes"})
 
     # --- optimisation ---
-    max_steps: int = field(default=400, metadata={"help": "optimizer steps to train for"})
+    max_steps: int = field(default=2000, metadata={"help": "optimizer steps to train for"})
     batch_size: int = field(default=32, metadata={"help": "examples per device per forward pass"})
     gradient_accumulation_steps: int = field(default=1, metadata={"help": "forward passes per optimizer step"})
     learning_rate: float = field(default=2e-3, metadata={"help": "peak learning rate of AdamW"})
