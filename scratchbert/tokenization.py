@@ -128,6 +128,25 @@ def build_pipeline(
     return tokenizer
 
 
+def wordpiece_pipeline(
+    vocab: dict[str, int] | None, *, lowercase: bool, strip_accents: bool | None, handle_chinese_chars: bool, clean_text: bool
+) -> Tokenizer:
+    """BERT's pipeline around a WordPiece model: with `vocab` (token -> id) ready to use, without it ready to train."""
+    model = models.WordPiece(
+        vocab,
+        unk_token=UNK_TOKEN,
+        continuing_subword_prefix=CONTINUING_SUBWORD_PREFIX,
+        max_input_chars_per_word=MAX_INPUT_CHARS_PER_WORD,
+    )
+    return build_pipeline(
+        model,
+        lowercase=lowercase,
+        strip_accents=strip_accents,
+        handle_chinese_chars=handle_chinese_chars,
+        clean_text=clean_text,
+    )
+
+
 def add_bert_template(tokenizer: Tokenizer) -> None:
     """Add the post-processor `[CLS] A [SEP]` / `[CLS] A [SEP] B [SEP]` (segment ids 0, then 1).
 
@@ -494,17 +513,8 @@ def train_tokenizer(
         raise ValueError(f"vocab_size={vocab_size!r}: it must be an integer above {len(SPECIAL_TOKENS)} (the special tokens).")
     if not isinstance(min_frequency, int) or min_frequency < 0:
         raise ValueError(f"min_frequency={min_frequency!r}: it must be a non-negative integer.")
-    model = models.WordPiece(
-        unk_token=UNK_TOKEN,
-        continuing_subword_prefix=CONTINUING_SUBWORD_PREFIX,
-        max_input_chars_per_word=MAX_INPUT_CHARS_PER_WORD,
-    )
-    tokenizer = build_pipeline(
-        model,
-        lowercase=lowercase,
-        strip_accents=strip_accents,
-        handle_chinese_chars=handle_chinese_chars,
-        clean_text=clean_text,
+    tokenizer = wordpiece_pipeline(
+        None, lowercase=lowercase, strip_accents=strip_accents, handle_chinese_chars=handle_chinese_chars, clean_text=clean_text
     )
     trainer = trainers.WordPieceTrainer(
         vocab_size=vocab_size,
@@ -563,18 +573,8 @@ def tokenizer_from_vocab(
         vocab[token] = index
     if not vocab:
         raise ValueError(f"{vocab_file} is empty: a vocab.txt lists one token per line.")
-    model = models.WordPiece(
-        vocab,
-        unk_token=UNK_TOKEN,
-        continuing_subword_prefix=CONTINUING_SUBWORD_PREFIX,
-        max_input_chars_per_word=MAX_INPUT_CHARS_PER_WORD,
-    )
-    tokenizer = build_pipeline(
-        model,
-        lowercase=lowercase,
-        strip_accents=strip_accents,
-        handle_chinese_chars=handle_chinese_chars,
-        clean_text=clean_text,
+    tokenizer = wordpiece_pipeline(
+        vocab, lowercase=lowercase, strip_accents=strip_accents, handle_chinese_chars=handle_chinese_chars, clean_text=clean_text
     )
     return wrap_tokenizer(
         tokenizer,
