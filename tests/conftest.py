@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from scratchbert import ScratchBertConfig
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
 
@@ -47,3 +49,16 @@ def rxnfp_dir() -> Path:
 def bert_vocab_file(minilm_dir) -> Path:
     """bert-base-uncased's vocab.txt (byte-identical copy shipped with all-MiniLM-L6-v2)."""
     return minilm_dir / "vocab.txt"
+
+
+def tiny_bert_config(**overrides) -> ScratchBertConfig:
+    """The tiny geometry of the fast tests: hidden 32, 2 layers, 4 heads, no dropout."""
+    fields = dict(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+    fields.update(overrides)
+    return ScratchBertConfig(**fields)

@@ -12,6 +12,7 @@ import math
 
 import pytest
 import torch
+from conftest import tiny_bert_config
 import torch.nn.functional as F
 
 from scratchbert import ScratchBertConfig, ScratchBertForPreTraining, ScratchBertModel
@@ -24,18 +25,7 @@ HEAD_DIM = HIDDEN // HEADS
 
 
 def tiny_config(**overrides) -> ScratchBertConfig:
-    fields = dict(
-        vocab_size=VOCAB,
-        hidden_size=HIDDEN,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=HEADS,
-        intermediate_size=64,
-        max_position_embeddings=32,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-    )
-    fields.update(overrides)
-    return ScratchBertConfig(**fields)
+    return tiny_bert_config(**{"vocab_size": VOCAB, "intermediate_size": 64, "max_position_embeddings": 32, **overrides})
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ import os
 
 import pytest
 import torch
+from conftest import tiny_bert_config
 
 import scratchbert
 from scratchbert import (
@@ -26,18 +27,7 @@ VOCAB, HIDDEN, LAYERS, HEADS, SEQ = 99, 32, 2, 4, 9
 
 
 def tiny_config(**overrides) -> ScratchBertConfig:
-    fields = dict(
-        vocab_size=VOCAB,
-        hidden_size=HIDDEN,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=HEADS,
-        intermediate_size=37,
-        max_position_embeddings=64,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-    )
-    fields.update(overrides)
-    return ScratchBertConfig(**fields)
+    return tiny_bert_config(**{"vocab_size": VOCAB, "intermediate_size": 37, "max_position_embeddings": 64, **overrides})
 
 
 @pytest.fixture
