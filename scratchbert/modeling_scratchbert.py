@@ -55,7 +55,8 @@ class ScratchBertEmbeddings(nn.Module):
     position table where it sits (attention itself is order-blind), and the token-type table
     which segment (sentence A = 0, sentence B = 1) it belongs to.
 
-    Shapes: input_ids, token_type_ids, position_ids (B, S) -> embeddings (B, S, H).
+    Shapes: input_ids, token_type_ids, position_ids (B, S) -> embeddings (B, S, H). Each position
+    is embedded on its own, so the padding-free path passes its packed (R,) rows the same way.
     """
 
     def __init__(self, config: ScratchBertConfig):
@@ -158,6 +159,23 @@ class ScratchBertSelfAttention(nn.Module):
         self.value = nn.Linear(config.hidden_size, config.hidden_size)
         self.dropout_p = config.attention_probs_dropout_prob
 
+    def project(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries, keys and values: (..., H) -> three (..., H) tensors, from one matrix multiply.
+
+        The same numbers as calling `self.query`, `self.key` and `self.value` in turn: the three
+        (H, H) weights are stacked into one (3H, H) matrix, so the input is read once and the CPU
+        runs one wide GEMM (3H outputs) instead of three narrow ones, which is faster, above all
+        in bf16. Under autocast the weights are cast before stacking (half the bytes to copy).
+        """
+        weights = (self.query.weight, self.key.weight, self.value.weight)
+        biases = (self.query.bias, self.key.bias, self.value.bias)
+        device = hidden_states.device.type
+        if torch.is_autocast_enabled(device):
+            dtype = torch.get_autocast_dtype(device)
+            weights, biases = [w.to(dtype) for w in weights], [b.to(dtype) for b in biases]
+        projected = F.linear(hidden_states, torch.cat(weights), torch.cat(biases))  # (..., 3H)
+        return projected.chunk(3, dim=-1)  # 3 x (..., H): views, no copy
+
     def split_heads(self, x: torch.Tensor) -> torch.Tensor:
         """Give each head its own D-wide slice of the projection: (B, S, H) -> (B, A, S, D)."""
         batch, seq, _ = x.shape
@@ -171,13 +189,11 @@ class ScratchBertSelfAttention(nn.Module):
         implementation = "eager" if output_attentions else self.config._attn_implementation
         attend = ATTENTION_FUNCTIONS[implementation]
         dropout_p = self.dropout_p if self.training else 0.0
+        query, key, value = self.project(hidden_states)  # 3 x (B, S, H), or 3 x (R, H) packed
         if isinstance(mask, PackedSequences):  # padding-free path: (R, H) in, (R, H) out
-            q, k, v = self.query(hidden_states), self.key(hidden_states), self.value(hidden_states)
-            return packed_attention(q, k, v, mask, self.num_heads, attend, dropout_p), None
+            return packed_attention(query, key, value, mask, self.num_heads, attend, dropout_p), None
 
-        query = self.split_heads(self.query(hidden_states))
-        key = self.split_heads(self.key(hidden_states))
-        value = self.split_heads(self.value(hidden_states))
+        query, key, value = self.split_heads(query), self.split_heads(key), self.split_heads(value)  # (B, A, S, D)
         context, probs = attend(query, key, value, mask, dropout_p)  # (B, A, S, D)
 
         batch, _, seq, _ = context.shape
@@ -593,24 +609,30 @@ class ScratchBertModel(ScratchBertPreTrainedModel):
         if position_ids is None:
             position_ids = torch.arange(seq, device=device)[None, :]  # (1, S): broadcasts over the batch
 
-        hidden_states = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)  # (B, S, H)
-
         # Build the mask once, in the dtype the attention scores will have (bf16/fp16 under autocast).
         mask = None
         if attention_mask is not None and not bool(attention_mask.all()):
-            dtype = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else hidden_states.dtype
+            if torch.is_autocast_enabled(device.type):
+                dtype = torch.get_autocast_dtype(device.type)
+            else:
+                dtype = (inputs_embeds if inputs_embeds is not None else self.embeddings.word_embeddings.weight).dtype
             if self.padding_free and not output_attentions:
                 # Padding-free: each sequence's real tokens, packed into (R, H), attend among themselves.
-                mask = pack_sequences(attention_mask, self.config, lambda keep: additive_attention_mask(keep, dtype))
+                mask = pack_sequences(attention_mask, self.config, lambda keep: additive_attention_mask(keep, dtype), dtype=dtype)
             else:
                 mask = additive_attention_mask(attention_mask, dtype)  # (B, 1, 1, S)
 
         if isinstance(mask, PackedSequences):
-            encoded = self.encoder(unpad(hidden_states, mask), mask, False, output_hidden_states)  # (R, H)
+            # Embed only the real tokens: ids, segments and positions gathered into the packed layout.
+            position_ids = position_ids.expand(batch, seq)
+            packed_inputs = (None if t is None else unpad(t, mask) for t in (input_ids, token_type_ids, position_ids, inputs_embeds))
+            hidden_states = self.embeddings(*packed_inputs)  # (R, H)
+            encoded = self.encoder(hidden_states, mask, False, output_hidden_states)  # (R, H)
             encoded.last_hidden_state = pad(encoded.last_hidden_state, mask)  # (B, S, H), zeros at padding
             if output_hidden_states:
                 encoded.hidden_states = tuple(pad(h, mask) for h in encoded.hidden_states)
         else:
+            hidden_states = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)  # (B, S, H)
             encoded = self.encoder(hidden_states, mask, output_attentions, output_hidden_states)
         sequence_output = encoded.last_hidden_state
         pooled_output = self.pooler(sequence_output) if self.pooler is not None else None
