@@ -41,6 +41,7 @@ from transformers.utils import ModelOutput
 
 from .bert_padding import PackedSequences, labelled_tokens, pack_sequences, packed_attention, pad, unpad
 from .configuration_scratchbert import ScratchBertConfig
+from .cpu_gemm import linear_in_row_chunks
 
 IGNORE_INDEX = -100  # label value that contributes no loss, everywhere in scratchbert
 
@@ -219,7 +220,8 @@ class ScratchBertAddNorm(nn.Module):
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        return self.LayerNorm(residual + self.dropout(self.dense(x)))
+        # self.dense(x), in row chunks where oneDNN's bf16 GEMM would run slowly (see cpu_gemm.py).
+        return self.LayerNorm(residual + self.dropout(linear_in_row_chunks(x, self.dense)))
 
 
 class ScratchBertAttention(nn.Module):

@@ -1,0 +1,75 @@
+"""Throughput of bert-base's matrix multiplies on this CPU, by row count: where is oneDNN slow?
+
+For each GEMM shape of a bert-base layer (fused Q/K/V 768 -> 2304, attention output 768 -> 768,
+feed-forward 768 -> 3072 and 3072 -> 768) and a sweep of row counts, prints TFLOP/s of a plain
+`F.linear` and of `scratchbert.cpu_gemm.linear_in_row_chunks` (which splits the rows inside
+`cpu_gemm.SLOW_ROW_WINDOWS`). Each figure is the median of several calls cycling through 6
+weight matrices, as a layer stack does. Run it to check whether another machine has the slow
+window this project measured (see `scratchbert/cpu_gemm.py`).
+
+    python scripts/bench_gemm.py                  # bf16, 256 to 2048 rows in steps of 64
+    python scripts/bench_gemm.py --dtype fp32 --step 128
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from scratchbert import cpu_gemm
+
+SHAPES = {"qkv 768->2304": (768, 2304), "attn-out 768->768": (768, 768), "ffn-up 768->3072": (768, 3072), "ffn-down 3072->768": (3072, 768)}
+
+
+def tflops(fn, x: torch.Tensor, layers: list[nn.Linear], repeats: int) -> float:
+    def run():
+        for layer in layers:
+            fn(x, layer)
+
+    run()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    rows, k = x.shape
+    return len(layers) * 2 * rows * k * layers[0].out_features / statistics.median(times) / 1e12
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16")
+    parser.add_argument("--start", type=int, default=256)
+    parser.add_argument("--stop", type=int, default=2048)
+    parser.add_argument("--step", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+    layers = {name: [nn.Linear(k, n).to(dtype) for _ in range(6)] for name, (k, n) in SHAPES.items()}
+
+    print(f"TFLOP/s, {args.dtype}, {args.threads} threads: plain F.linear / cpu_gemm.linear_in_row_chunks (split rows marked *)")
+    print("| rows | " + " | ".join(SHAPES) + " |")
+    print("|---|" + "---|" * len(SHAPES))
+    with torch.inference_mode():
+        for rows in range(args.start, args.stop + 1, args.step):
+            cells = []
+            for name, (k, n) in SHAPES.items():
+                x = torch.randn(rows, k, dtype=dtype)
+                plain = tflops(lambda x, layer: layer(x), x, layers[name], args.repeats)
+                split = cpu_gemm.row_chunks(rows, n, x.device, dtype) > 1
+                cell = f"{plain:.2f}"
+                if split:
+                    cell += f" / {tflops(cpu_gemm.linear_in_row_chunks, x, layers[name], args.repeats):.2f}*"
+                cells.append(cell)
+            print(f"| {rows} | " + " | ".join(cells) + " |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
