@@ -118,6 +118,21 @@ def test_gaps_inside_a_row_and_explicit_position_ids():
     assert_close("last_hidden_state", packed.last_hidden_state[keep], padded.last_hidden_state[keep])
 
 
+def test_inputs_embeds_are_packed_like_input_ids():
+    """The padding-free path embeds only real tokens; with inputs_embeds it gathers the vectors."""
+    torch.manual_seed(3)
+    model = ScratchBertModel(tiny_config()).eval()
+    inputs = padded_inputs()
+    keep = inputs["attention_mask"].bool()
+    with torch.no_grad():
+        by_ids = model(**inputs).last_hidden_state
+        embeds = {k: v for k, v in inputs.items() if k != "input_ids"}
+        embeds["inputs_embeds"] = model.embeddings.word_embeddings(inputs["input_ids"])  # (B, S, H)
+        packed, padded = run_both(model, embeds)
+    assert_close("inputs_embeds vs input_ids", packed.last_hidden_state, by_ids)
+    assert_close("inputs_embeds, padded path", packed.last_hidden_state[keep], padded.last_hidden_state[keep])
+
+
 @pytest.mark.parametrize("attn_implementation", ["eager", "sdpa"])
 def test_gradients_equal_the_padded_path(attn_implementation, call_cost):
     """Every parameter's gradient, through a loss on real positions and the pooled vector."""
