@@ -147,6 +147,20 @@ def test_eager_and_sdpa_attention_functions_agree_with_padding():
     torch.testing.assert_close(probs.sum(-1), torch.ones(2, 4, 7))
 
 
+@pytest.mark.parametrize("autocast", [False, True])
+def test_stacked_qkv_projection_equals_three_linear_layers(autocast):
+    """`project` multiplies once by the stacked (3H, H) weight: the same as query, key, value in turn."""
+    torch.manual_seed(0)
+    attention = ScratchBertModel(tiny_config()).encoder.layer[0].attention.self
+    x = torch.randn(3, SEQ, HIDDEN)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        stacked = attention.project(x)
+        separate = (attention.query(x), attention.key(x), attention.value(x))
+    for a, b in zip(stacked, separate):
+        assert a.shape == (3, SEQ, HIDDEN) and a.dtype == b.dtype
+        torch.testing.assert_close(a, b, atol=2e-2 if autocast else 1e-6, rtol=0)
+
+
 def test_model_outputs_agree_under_eager_and_sdpa(batch, tmp_path):
     torch.manual_seed(0)
     ScratchBertForPreTraining(tiny_config()).save_pretrained(tmp_path)
