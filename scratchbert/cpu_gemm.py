@@ -4,7 +4,7 @@ Measured on this project's machine (2 cores with AVX-512 BF16 / AMX, torch 2.13,
 `python scripts/bench_gemm.py` prints the sweep): a bf16 `F.linear` with 768 outputs, bert-base's
 hidden size, runs at about half its usual throughput when its input has between roughly 700 and
 1500 rows. (M, 768) @ (768, 768): 1.2 TFLOP/s at 640 rows, 0.7 from 768 to 1472, 1.3-1.5 from
-1536 on; (M, 3072) @ (3072, 768) drops the same way from 704 rows. There, two threads do worse
+1536 on; (M, 3072) @ (3072, 768) drops the same way from 704 to 1,280 rows. There, two threads do worse
 than one: oneDNN's split of the work between them, not the arithmetic, is at fault. Wider
 outputs (the fused Q/K/V projection's 2304, the feed-forward's 3072) and fp32 (MKL's GEMM) show
 no such window.
@@ -28,9 +28,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-# out_features -> (low, high): a bf16 CPU GEMM with low < rows < high is split into chunks of at
-# most `low` rows. Measured for bert-base's 768 (see the module docstring); fp16 was not measured.
-SLOW_ROW_WINDOWS: dict[int, tuple[int, int]] = {768: (640, 1536)}
+# (in_features, out_features) -> (low, high): a bf16 CPU GEMM of that shape with low < rows < high
+# is split into chunks of at most `low` rows. Measured for bert-base's two 768-output projections
+# (see the module docstring); fp16 was not measured.
+SLOW_ROW_WINDOWS: dict[tuple[int, int], tuple[int, int]] = {(768, 768): (640, 1536), (3072, 768): (640, 1344)}
 
 
 def _compute_dtype(x: torch.Tensor) -> torch.dtype:
@@ -40,9 +41,9 @@ def _compute_dtype(x: torch.Tensor) -> torch.dtype:
     return x.dtype
 
 
-def row_chunks(rows: int, out_features: int, device: torch.device, dtype: torch.dtype) -> int:
-    """How many chunks to split `rows` into (1 = no split) for a GEMM with `out_features` outputs."""
-    window = SLOW_ROW_WINDOWS.get(out_features)
+def row_chunks(rows: int, shape: tuple[int, int], device: torch.device, dtype: torch.dtype) -> int:
+    """How many chunks to split `rows` into (1 = no split) for a GEMM of shape (in_features, out_features)."""
+    window = SLOW_ROW_WINDOWS.get(shape)
     if window is None or device.type != "cpu" or dtype != torch.bfloat16:
         return 1
     low, high = window
@@ -55,7 +56,7 @@ def linear_in_row_chunks(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
     Differentiable (each chunk is an ordinary `F.linear`; the chunks are concatenated).
     """
     rows = x.numel() // x.size(-1)
-    chunks = row_chunks(rows, layer.out_features, x.device, _compute_dtype(x))
+    chunks = row_chunks(rows, (layer.in_features, layer.out_features), x.device, _compute_dtype(x))
     if chunks == 1:
         return layer(x)
     flat = x.reshape(rows, x.size(-1))  # (M, in)

@@ -63,7 +63,7 @@ def main() -> None:
             for name, (k, n) in SHAPES.items():
                 x = torch.randn(rows, k, dtype=dtype)
                 plain = tflops(lambda x, layer: layer(x), x, layers[name], args.repeats)
-                split = cpu_gemm.row_chunks(rows, n, x.device, dtype) > 1
+                split = cpu_gemm.row_chunks(rows, (k, n), x.device, dtype) > 1
                 cell = f"{plain:.2f}"
                 if split:
                     cell += f" / {tflops(cpu_gemm.linear_in_row_chunks, x, layers[name], args.repeats):.2f}*"

@@ -13,21 +13,22 @@ CPU = torch.device("cpu")
 
 
 @pytest.mark.parametrize(
-    "rows, out_features, dtype, device, chunks",
+    "rows, shape, dtype, device, chunks",
     [
-        (1024, 768, torch.bfloat16, CPU, 2),  # 8 x 128 tokens: in the window, two chunks of 512
-        (1205, 768, torch.bfloat16, CPU, 2),
-        (1400, 768, torch.bfloat16, CPU, 3),  # chunks of at most 640 rows
-        (1024, 768, torch.float16, CPU, 1),  # fp16 was not measured: left alone
-        (640, 768, torch.bfloat16, CPU, 1),  # window bounds are exclusive
-        (1536, 768, torch.bfloat16, CPU, 1),
-        (1024, 768, torch.float32, CPU, 1),  # fp32 goes through MKL: no window
-        (1024, 3072, torch.bfloat16, CPU, 1),  # wide outputs: no window
-        (1024, 768, torch.bfloat16, torch.device("cuda"), 1),  # other devices are left alone
+        (1024, (768, 768), torch.bfloat16, CPU, 2),  # 8 x 128 tokens: in the window, two chunks of 512
+        (1205, (3072, 768), torch.bfloat16, CPU, 2),
+        (1400, (768, 768), torch.bfloat16, CPU, 3),  # chunks of at most 640 rows
+        (1400, (3072, 768), torch.bfloat16, CPU, 1),  # this shape's window ends at 1,344 rows
+        (1024, (768, 768), torch.float16, CPU, 1),  # fp16 was not measured: left alone
+        (640, (768, 768), torch.bfloat16, CPU, 1),  # window bounds are exclusive
+        (1536, (768, 768), torch.bfloat16, CPU, 1),
+        (1024, (768, 768), torch.float32, CPU, 1),  # fp32 goes through MKL: no window
+        (1024, (768, 3072), torch.bfloat16, CPU, 1),  # wide outputs: no window
+        (1024, (768, 768), torch.bfloat16, torch.device("cuda"), 1),  # other devices are left alone
     ],
 )
-def test_row_chunks_only_inside_the_measured_window(rows, out_features, dtype, device, chunks):
-    assert cpu_gemm.row_chunks(rows, out_features, device, dtype) == chunks
+def test_row_chunks_only_inside_the_measured_window(rows, shape, dtype, device, chunks):
+    assert cpu_gemm.row_chunks(rows, shape, device, dtype) == chunks
 
 
 def count_linear_calls(monkeypatch) -> list[int]:
