@@ -4,15 +4,15 @@ Measured on this project's machine (2 cores with AVX-512 BF16 / AMX, torch 2.13,
 `python scripts/bench_gemm.py` prints the sweep): a bf16 `F.linear` with 768 outputs, bert-base's
 hidden size, runs at about half its usual throughput when its input has between roughly 700 and
 1500 rows. (M, 768) @ (768, 768): 1.2 TFLOP/s at 640 rows, 0.7 from 768 to 1472, 1.3-1.5 from
-1536 on; (M, 3072) @ (3072, 768) drops the same way from 704 to 1,280 rows. There, two threads do worse
-than one: oneDNN's split of the work between them, not the arithmetic, is at fault. Wider
+1536 on; (M, 3072) @ (3072, 768) drops the same way from 704 to 1,280 rows. There, two threads
+do worse than one: oneDNN's split of the work between them, not the arithmetic, is at fault. Wider
 outputs (the fused Q/K/V projection's 2304, the feed-forward's 3072) and fp32 (MKL's GEMM) show
 no such window.
 
 BERT meets these row counts all the time: 8 x 128 tokens is 1,024 rows, and the padding-free path
 packs batches to whatever count of real tokens they hold. Multiplying those rows in chunks of at
-most 640 puts every call back in the fast range; each row's result is the same dot products as
-before. On bert-base in bf16 this made the encoder 10-14% faster on 1,024- and 1,205-row batches
+most 640 puts every call back in the fast range; each row is the same dot products as before
+(equal up to bf16 rounding, where the kernel blocks the sum differently). On bert-base in bf16 this made the encoder 10-14% faster on 1,024- and 1,205-row batches
 and changed nothing elsewhere.
 
 This is a workaround for one library on one kind of CPU, kept small and switchable: another

@@ -50,6 +50,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
+    for name in ("start", "step", "repeats", "threads"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be at least 1")
+    if args.stop < args.start:
+        parser.error(f"--stop ({args.stop}) must not be below --start ({args.start})")
     torch.set_num_threads(args.threads)
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     layers = {name: [nn.Linear(k, n).to(dtype) for _ in range(6)] for name, (k, n) in SHAPES.items()}
