@@ -41,7 +41,7 @@ from transformers.utils import ModelOutput
 
 from .bert_padding import PackedSequences, labelled_tokens, pack_sequences, packed_attention, pad, unpad
 from .configuration_scratchbert import ScratchBertConfig
-from .cpu_gemm import linear_in_row_chunks
+from .cpu_gemm import linear_in_row_chunks, stack_qkv, use_bmm_attention
 
 IGNORE_INDEX = -100  # label value that contributes no loss, everywhere in scratchbert
 
@@ -129,10 +129,40 @@ def sdpa_attention(
     """The same computation through `F.scaled_dot_product_attention` (fused, no S x S tensor kept).
 
     It cannot return the probabilities; `ScratchBertSelfAttention` switches to
-    `eager_attention` for a call that asks for them. Shapes as in `eager_attention`.
+    `eager_attention` for a call that asks for them. Shapes as in `eager_attention`. Like SDPA
+    choosing among its own backends, short sequences on CPUs where it measured faster go through
+    `bmm_attention` instead (see `cpu_gemm.use_bmm_attention`).
     """
+    if use_bmm_attention(query):
+        return bmm_attention(query, key, value, mask, dropout_p), None
     context = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout_p)
     return context, None
+
+
+def bmm_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor | None,
+    dropout_p: float,
+) -> torch.Tensor:
+    """`eager_attention`'s math as two batched GEMMs, the scale and mask folded into the first.
+
+    `baddbmm(mask, Q, K^T, alpha=1/sqrt(D))` computes mask + Q K^T / sqrt(D) in one call, so the
+    (S, S) scores are written once. Returns the context only. Shapes as in `eager_attention`.
+    """
+    batch, heads, seq, head_dim = query.shape
+    q = query.reshape(batch * heads, seq, head_dim)  # (B*A, S, D): one GEMM per (sequence, head)
+    k_t = key.reshape(batch * heads, seq, head_dim).transpose(1, 2)  # (B*A, D, S)
+    v = value.reshape(batch * heads, seq, head_dim)  # (B*A, S, D)
+    if mask is None:
+        bias = q.new_zeros(()).expand(batch * heads, seq, seq)  # ignored: beta=0
+        scores = torch.baddbmm(bias, q, k_t, beta=0, alpha=head_dim**-0.5)  # (B*A, S, S)
+    else:
+        bias = mask.to(q.dtype).expand(batch, heads, 1, seq).reshape(batch * heads, 1, seq)  # (B*A, 1, S)
+        scores = torch.baddbmm(bias, q, k_t, alpha=head_dim**-0.5)  # (B*A, S, S)
+    probs = F.dropout(scores.softmax(dim=-1), p=dropout_p)
+    return torch.bmm(probs.to(v.dtype), v).view(batch, heads, seq, head_dim)  # (B, A, S, D)
 
 
 ATTENTION_FUNCTIONS = {"eager": eager_attention, "sdpa": sdpa_attention}
@@ -161,13 +191,16 @@ class ScratchBertSelfAttention(nn.Module):
         self.dropout_p = config.attention_probs_dropout_prob
 
     def project(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Queries, keys and values: (..., H) -> three (..., H) tensors, from one matrix multiply.
+        """Queries, keys and values: (..., H) -> three (..., H) tensors.
 
-        The same numbers as calling `self.query`, `self.key` and `self.value` in turn: the three
-        (H, H) weights are stacked into one (3H, H) matrix, so the input is read once and the CPU
-        runs one wide GEMM (3H outputs) instead of three narrow ones, which is faster, above all
-        in bf16. Under autocast the weights are cast before stacking (half the bytes to copy).
+        Three linear maps of the same input. Where it measured faster (GPUs, and bf16 on CPUs
+        with AMX; see `cpu_gemm.stack_qkv`) they run as one matrix multiply: the three (H, H)
+        weights are stacked into one (3H, H) matrix, so the input is read once and the machine
+        runs one wide GEMM (3H outputs) instead of three narrow ones. The same numbers either way.
+        Under autocast the weights are cast before stacking (half the bytes to copy).
         """
+        if not stack_qkv(hidden_states):
+            return self.query(hidden_states), self.key(hidden_states), self.value(hidden_states)
         weights = (self.query.weight, self.key.weight, self.value.weight)
         biases = (self.query.bias, self.key.bias, self.value.bias)
         device = hidden_states.device.type

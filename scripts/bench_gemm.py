@@ -2,10 +2,11 @@
 
 For each GEMM shape of a bert-base layer (fused Q/K/V 768 -> 2304, attention output 768 -> 768,
 feed-forward 768 -> 3072 and 3072 -> 768) and a sweep of row counts, prints TFLOP/s of a plain
-`F.linear` and of `scratchbert.cpu_gemm.linear_in_row_chunks` (which splits the rows inside
-`cpu_gemm.SLOW_ROW_WINDOWS`). Each figure is the median of several calls cycling through 6
-weight matrices, as a layer stack does. Run it to check whether another machine has the slow
-window this project measured (see `scratchbert/cpu_gemm.py`).
+`F.linear` and, inside `cpu_gemm.SLOW_ROW_WINDOWS`, of the same GEMM split into row chunks
+(`cpu_gemm.linear_chunked`; the model splits only on CPUs with AMX, where the window was
+measured). Each figure is the median of several calls cycling through 6 weight matrices, as a
+layer stack does. Run it to check whether a machine has the slow window (see
+`scratchbert/cpu_gemm.py`).
 
     python scripts/bench_gemm.py                  # bf16, 256 to 2048 rows in steps of 64
     python scripts/bench_gemm.py --dtype fp32 --step 128
@@ -59,7 +60,9 @@ def main() -> None:
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     layers = {name: [nn.Linear(k, n).to(dtype) for _ in range(6)] for name, (k, n) in SHAPES.items()}
 
-    print(f"TFLOP/s, {args.dtype}, {args.threads} threads: plain F.linear / cpu_gemm.linear_in_row_chunks (split rows marked *)")
+    applied = "applies it here" if cpu_gemm.AMX_BF16 and dtype == torch.bfloat16 else "does not apply it here"
+    print(f"TFLOP/s, {args.dtype}, {args.threads} threads: plain F.linear / split into row chunks (*), inside "
+          f"cpu_gemm.SLOW_ROW_WINDOWS; this CPU {'has' if cpu_gemm.AMX_BF16 else 'has no'} AMX bf16, so the model {applied}")
     print("| rows | " + " | ".join(SHAPES) + " |")
     print("|---|" + "---|" * len(SHAPES))
     with torch.inference_mode():
@@ -68,10 +71,11 @@ def main() -> None:
             for name, (k, n) in SHAPES.items():
                 x = torch.randn(rows, k, dtype=dtype)
                 plain = tflops(lambda x, layer: layer(x), x, layers[name], args.repeats)
-                split = cpu_gemm.row_chunks(rows, (k, n), x.device, dtype) > 1
+                chunks = cpu_gemm.window_chunks(rows, (k, n))
                 cell = f"{plain:.2f}"
-                if split:
-                    cell += f" / {tflops(cpu_gemm.linear_in_row_chunks, x, layers[name], args.repeats):.2f}*"
+                if chunks > 1:
+                    split = tflops(lambda x, layer: cpu_gemm.linear_chunked(x, layer, chunks), x, layers[name], args.repeats)
+                    cell += f" / {split:.2f}*"
                 cells.append(cell)
             print(f"| {rows} | " + " | ".join(cells) + " |", flush=True)
 

@@ -10,6 +10,7 @@ import torch
 from conftest import tiny_bert_config
 
 import scratchbert
+import scratchbert.modeling_scratchbert as modeling
 from scratchbert import (
     ScratchBertConfig,
     ScratchBertForMaskedLM,
@@ -148,13 +149,16 @@ def test_eager_and_sdpa_attention_functions_agree_with_padding():
 
 
 @pytest.mark.parametrize("autocast", [False, True])
-def test_stacked_qkv_projection_equals_three_linear_layers(autocast):
+def test_stacked_qkv_projection_equals_three_linear_layers(autocast, monkeypatch):
     """`project` multiplies once by the stacked (3H, H) weight: the same as query, key, value in turn."""
     torch.manual_seed(0)
     attention = ScratchBertModel(tiny_config()).encoder.layer[0].attention.self
     x = torch.randn(3, SEQ, HIDDEN)
+    calls = []
+    monkeypatch.setattr(modeling, "stack_qkv", lambda x: calls.append(x.shape) or True)  # stack on any CPU
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
         stacked = attention.project(x)
+        assert calls == [x.shape]
         separate = (attention.query(x), attention.key(x), attention.value(x))
     for a, b in zip(stacked, separate):
         assert a.shape == (3, SEQ, HIDDEN) and a.dtype == b.dtype
