@@ -16,8 +16,8 @@ sequence ends and the next begins. This module
 The layout: buckets of similar-length sequences. The packed rows are grouped into buckets,
 each a grid of n sequences x L slots, L the bucket's longest sequence, laid out sequence by
 sequence. A (n * L, H) slice of the packed tensor then *is* a (n, A, L, D) attention input by
-a view, so each bucket takes one `F.scaled_dot_product_attention` call with no gather or
-scatter in any layer. Sequences of equal length share a bucket with no padding at all; a
+a view, so each bucket takes one attention call (SDPA, or `bmm_attention` where that measured
+faster; see `cpu_gemm.py`) with no gather or scatter in any layer. Sequences of equal length share a bucket with no padding at all; a
 bucket that mixes lengths carries a few padded slots, masked as keys. `plan_buckets` chooses
 the buckets with a small dynamic programme over the sorted lengths that minimises the work:
 linear layers on every slot, attention over every slot pair, and a fixed cost per call. One
