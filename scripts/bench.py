@@ -49,6 +49,7 @@ import torch
 import transformers
 
 import scratchbert
+from scratchbert import cpu_gemm
 from scratchbert.training.collator import DataCollatorForPretraining
 from scratchbert.tokenization import tokenizer_from_vocab
 from scratchbert.training.data import build_pretraining_dataset, split_sentences
@@ -174,6 +175,15 @@ def interleaved(ours_fn, theirs_fn, repeats: int) -> tuple[float, float]:
             fn()
             times.append(time.perf_counter() - start)
     return statistics.median(ours_times), statistics.median(theirs_times)
+
+
+def cpu_profile() -> str:
+    """Which of scratchbert's CPU-specific matrix-multiply choices this machine gets (see cpu_gemm.py)."""
+    name = torch.cpu.get_capabilities().get("cpu_name", "unknown CPU")
+    if cpu_gemm.AMX_BF16:
+        return f"{name} with AMX bf16: stacked Q/K/V and row-split 768-output GEMMs in bf16, SDPA attention"
+    return (f"{name} without AMX: separate Q/K/V GEMMs, no row split, attention as two batched GEMMs "
+            f"up to {cpu_gemm.BMM_ATTENTION_MAX_LENGTH} tokens, SDPA above")
 
 
 def autocast(dtype: torch.dtype):
@@ -328,6 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"scratchbert bench: {'quick, ' if quick else ''}{geometry['num_hidden_layers']} layers of bert-base width, "
           f"{args.threads} threads, {repeats} timed runs per side (medians)", flush=True)
+    print(f"  {cpu_profile()}", flush=True)
 
     tokenizer = bert_tokenizer()
     with tempfile.TemporaryDirectory() as tmp:
@@ -413,6 +424,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {os.cpu_count()} CPUs, 1-minute load average "
           f"{load_before[0]:.1f} at the start and {load_after[0]:.1f} at the end (above {os.cpu_count()}: other work "
           "competed for the cores, and times are inflated, ratios noisier)")
+    print(f"CPU: {cpu_profile()}")
     return 0
 
 
