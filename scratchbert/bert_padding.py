@@ -42,6 +42,8 @@ from typing import Callable
 
 import torch
 
+from .cpu_gemm import bf16_in_fp32
+
 IGNORE_INDEX = -100  # label value that contributes no loss (same as the modeling file's)
 
 # The fixed cost of one attention call, in units of attention work (one unit = one query-key
@@ -54,9 +56,15 @@ CALL_COST = 128 * 128
 REDUCED_PRECISION_CALL_COST = 4 * CALL_COST
 
 
-def default_call_cost(dtype: torch.dtype) -> float:
-    """`plan_buckets`' fixed cost per attention call for computation in `dtype`."""
-    return REDUCED_PRECISION_CALL_COST if dtype in (torch.bfloat16, torch.float16) else CALL_COST
+def default_call_cost(dtype: torch.dtype, device: torch.device = torch.device("cpu")) -> float:
+    """`plan_buckets`' fixed cost per attention call for computation in `dtype` on `device`.
+
+    bf16 on a CPU without bf16 units runs its matrix multiplies on fp32 kernels (`cpu_gemm.py`):
+    it weighs calls as fp32 does.
+    """
+    if dtype not in (torch.bfloat16, torch.float16) or bf16_in_fp32(device, dtype):
+        return CALL_COST
+    return REDUCED_PRECISION_CALL_COST
 
 
 @dataclass
@@ -192,7 +200,7 @@ def pack_sequences(
     where[keep.nonzero(as_tuple=True)[0], ranks[keep]] = positions[keep]
 
     buckets, sources, valids, offset = [], [], [], 0
-    call_cost = default_call_cost(dtype) if call_cost is None else call_cost
+    call_cost = default_call_cost(dtype, device) if call_cost is None else call_cost
     for members in plan_buckets(lengths, linear_cost_per_token(config), call_cost):
         length = lengths[members[0]]  # longest first
         index = torch.tensor(members, device=device)

@@ -1,9 +1,9 @@
 """CPU-specific choices for BERT's matrix multiplies, each measured, each switchable.
 
-How fast a CPU runs a matrix multiply depends on which kernel oneDNN (bf16) or MKL (fp32) picks
-for its shape, and that differs between CPUs. This project has been measured on two kinds of
-2-core machine, and they disagree (`python scripts/bench_gemm.py` and `python scripts/bench.py`
-show which behaviour a machine has):
+How fast a CPU runs a matrix multiply depends on which instructions it has and which kernel
+oneDNN (bf16) or MKL (fp32) picks for the shape, and that differs between CPUs. This project
+has been measured on three kinds of 2-core machine, and they disagree (`python
+scripts/bench_gemm.py` and `python scripts/bench.py` show which behaviour a machine has):
 
 - **With AMX** (Intel; `amx_bf16` in `torch.cpu.get_capabilities()`; oneDNN runs bf16 GEMMs on
   AMX tiles, ~1.9 TFLOP/s on two cores): a bf16 `F.linear` with 768 outputs, bert-base's hidden
@@ -14,15 +14,25 @@ show which behaviour a machine has):
   Multiplying those rows in chunks of at most 640 puts every call back in the fast range (the
   encoder in bf16 ran 10-14% faster on 1,024- and 1,205-row batches). Stacking the query, key and
   value weights into one (3H, H) GEMM also paid there: 254 -> 230 ms on a bf16 8 x 128 batch.
-- **Without AMX** (AMD EPYC with AVX-512 BF16, ~0.7 TFLOP/s on two cores): bf16 throughput is
-  flat from 256 to 2,048 rows for every shape, so splitting rows only costs (5-8% per call), and
-  three separate Q/K/V GEMMs ran as fast as or faster than the stacked one (2-5%, which also
-  pays a weight concatenation per call). Attention over short sequences (L <= 128) ran faster as
-  two batched GEMMs around a softmax than through `F.scaled_dot_product_attention`'s flash
-  kernel (8 x 12 heads x 128 tokens, bf16: 3.7 vs 5.8 ms); from 512 tokens on, SDPA is faster.
+- **With AVX-512 BF16, no AMX** (AMD EPYC Zen 4, ~0.7 TFLOP/s bf16 on two cores): bf16
+  throughput is flat from 256 to 2,048 rows for every shape, so splitting rows only costs (5-8%
+  per call), and three separate Q/K/V GEMMs ran as fast as or faster than the stacked one (2-5%,
+  which also pays a weight concatenation per call). Attention over short sequences (L <= 128)
+  ran faster as two batched GEMMs around a softmax than through
+  `F.scaled_dot_product_attention`'s flash kernel (8 x 12 heads x 128 tokens, bf16: 3.7 vs 5.8
+  ms); from 512 tokens on, SDPA is faster.
+- **With no bf16 instructions at all** (AVX2 only, AMD EPYC Zen 3): torch's bf16 GEMM has no
+  hardware to run on and reaches 16-20 GFLOP/s at bert-base shapes, against 95-135 GFLOP/s for
+  fp32 on the same cores (6x slower); a bf16 `bmm` is 20-30x slower than SDPA, whose CPU kernel
+  computes in fp32 inside. So on such a CPU every bf16 linear layer runs on the fp32 kernel over
+  bf16 values (`linear_in_fp32`): inputs and weights rounded to bf16 exactly as a bf16 GEMM reads
+  them, products and sums in fp32 (as oneDNN's bf16 kernels accumulate), the output rounded to
+  bf16. The result is a bf16 GEMM's up to summation order, at fp32 speed: 8 x 128 tokens through
+  a (768, 3072) layer, 180 -> 23 ms. Attention in bf16 stays in SDPA; in fp32, two batched GEMMs
+  win for short sequences here too (16 x 64 tokens: 2.8 vs 3.3 ms; 128 tokens: even).
 
-Each choice below applies only where it was measured to help; set `AMX_BF16` or
-`BMM_ATTENTION_MAX_LENGTH` by hand to try the other one on a new machine. Every path computes the
+Each choice below applies only where it was measured to help; set `AMX_BF16`, `BF16_UNITS` or
+`BMM_ATTENTION_MAX_LENGTH` by hand to try another one on a new machine. Every path computes the
 same dot products (results agree up to floating-point rounding).
 """
 
@@ -35,13 +45,24 @@ import torch.nn.functional as F
 from torch import nn
 
 
+def _cpu_has(*features: str) -> bool:
+    """Whether this CPU reports any of `features` in `torch.cpu.get_capabilities()`."""
+    capabilities = getattr(torch.cpu, "get_capabilities", None)  # public since torch 2.6
+    return capabilities is not None and any(capabilities().get(name, False) for name in features)
+
+
 def _has_amx_bf16() -> bool:
     """Whether this CPU has AMX tiles for bf16 (oneDNN then runs bf16 GEMMs on them)."""
-    capabilities = getattr(torch.cpu, "get_capabilities", None)  # public since torch 2.6
-    return bool(capabilities is not None and capabilities().get("amx_bf16", False))
+    return _cpu_has("amx_bf16")
+
+
+def _has_bf16_units() -> bool:
+    """Whether this CPU has bf16 dot-product instructions (AMX tiles or AVX-512 BF16) for oneDNN's bf16 GEMMs."""
+    return _cpu_has("amx_bf16", "avx512_bf16")
 
 
 AMX_BF16: bool = _has_amx_bf16()
+BF16_UNITS: bool = _has_bf16_units()
 
 # (in_features, out_features) -> (low, high): on AMX, a bf16 CPU GEMM of that shape with
 # low < rows < high is split into chunks of at most `low` rows. Measured for bert-base's two
@@ -49,7 +70,8 @@ AMX_BF16: bool = _has_amx_bf16()
 SLOW_ROW_WINDOWS: dict[tuple[int, int], tuple[int, int]] = {(768, 768): (640, 1536), (3072, 768): (640, 1344)}
 
 # Sequences up to this length attend through `bmm_attention`'s two batched GEMMs instead of SDPA on
-# CPUs without AMX (0 turns it off). Measured on bert-base heads (D = 64), fp32 and bf16.
+# CPUs without AMX, in fp32, and in bf16 where the CPU has bf16 units (0 turns it off). Measured on
+# bert-base heads (D = 64).
 BMM_ATTENTION_MAX_LENGTH = 128
 
 
@@ -62,6 +84,11 @@ def _compute_dtype(x: torch.Tensor) -> torch.dtype:
 
 def _amx_bf16_gemm(device: torch.device, dtype: torch.dtype) -> bool:
     return AMX_BF16 and device.type == "cpu" and dtype == torch.bfloat16
+
+
+def bf16_in_fp32(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether a bf16 matrix multiply on `device` runs on fp32 kernels: bf16 on a CPU with no bf16 units."""
+    return device.type == "cpu" and dtype == torch.bfloat16 and not BF16_UNITS
 
 
 def window_chunks(rows: int, shape: tuple[int, int]) -> int:
@@ -91,11 +118,35 @@ def linear_chunked(x: torch.Tensor, layer: nn.Linear, chunks: int) -> torch.Tens
     return out.view(*x.shape[:-1], layer.out_features)
 
 
-def linear_in_row_chunks(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
-    """`layer(x)`, in row chunks where oneDNN's bf16 GEMM is slow on this CPU (see the module docstring)."""
+def linear_in_fp32(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
+    """A bf16 `layer(x)` computed by the fp32 kernel: (..., in_features) -> (..., out_features) in bf16.
+
+    x, the weight and the bias are rounded to bf16 (what a bf16 GEMM reads; a no-op for bf16
+    tensors), widened to fp32 (exact), multiplied and summed in fp32, and the output rounded to
+    bf16. Works with bf16 weights and under bf16 autocast (switched off inside, so the fp32 kernel
+    runs); differentiable, and the gradients pass through the same roundings as autocast's.
+    """
+    bf16 = torch.bfloat16
+
+    def widen(t: torch.Tensor | None) -> torch.Tensor | None:
+        return None if t is None else t.to(bf16).float()
+
+    with torch.autocast(x.device.type, enabled=False):
+        out = F.linear(widen(x), widen(layer.weight), widen(layer.bias))  # (..., out) fp32
+    return out.to(bf16)
+
+
+def linear(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
+    """`layer(x)`, (..., in_features) -> (..., out_features), the way this CPU runs it fastest.
+
+    bf16 on a CPU with no bf16 units: on the fp32 kernel (`linear_in_fp32`). bf16 on AMX: in row
+    chunks where oneDNN's GEMM is slow for the row count. Otherwise, and off the CPU: `layer(x)`.
+    """
+    dtype = _compute_dtype(x)
+    if bf16_in_fp32(x.device, dtype):
+        return linear_in_fp32(x, layer)
     rows = x.numel() // x.size(-1)
-    shape = (layer.in_features, layer.out_features)
-    return linear_chunked(x, layer, row_chunks(rows, shape, x.device, _compute_dtype(x)))
+    return linear_chunked(x, layer, row_chunks(rows, (layer.in_features, layer.out_features), x.device, dtype))
 
 
 def stack_qkv(x: torch.Tensor) -> bool:
@@ -109,5 +160,11 @@ def stack_qkv(x: torch.Tensor) -> bool:
 
 
 def use_bmm_attention(query: torch.Tensor) -> bool:
-    """Whether attention over query (..., L, D) should run as two batched GEMMs rather than SDPA."""
-    return query.device.type == "cpu" and not AMX_BF16 and query.size(-2) <= BMM_ATTENTION_MAX_LENGTH
+    """Whether attention over query (..., L, D) should run as two batched GEMMs rather than SDPA.
+
+    On CPUs without AMX, for L <= `BMM_ATTENTION_MAX_LENGTH`, in fp32, and in bf16 only where the
+    CPU has bf16 units (elsewhere a bf16 `bmm` is many times slower than SDPA's kernel).
+    """
+    if query.device.type != "cpu" or AMX_BF16 or query.size(-2) > BMM_ATTENTION_MAX_LENGTH:
+        return False
+    return query.dtype == torch.float32 or (query.dtype == torch.bfloat16 and BF16_UNITS)

@@ -13,6 +13,9 @@ Notation used in shape comments:
 Every sub-module keeps the attribute names of transformers' BERT (`embeddings.word_embeddings`,
 `encoder.layer.N.attention.self.query`, `LayerNorm`, `cls.predictions`, ...), so the state dict
 of any transformers BERT checkpoint loads here key for key, with no conversion step.
+
+`linear(x, self.dense)` reads as `self.dense(x)`: the same layer, run the way this CPU runs it
+fastest (`cpu_gemm.py`: e.g. bf16 on the fp32 kernel where the CPU has no bf16 instructions).
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ from transformers.utils import ModelOutput
 
 from .bert_padding import PackedSequences, labelled_tokens, pack_sequences, packed_attention, pad, unpad
 from .configuration_scratchbert import ScratchBertConfig
-from .cpu_gemm import linear_in_row_chunks, stack_qkv, use_bmm_attention
+from .cpu_gemm import linear, stack_qkv, use_bmm_attention
 
 IGNORE_INDEX = -100  # label value that contributes no loss, everywhere in scratchbert
 
@@ -200,7 +203,7 @@ class ScratchBertSelfAttention(nn.Module):
         Under autocast the weights are cast before stacking (half the bytes to copy).
         """
         if not stack_qkv(hidden_states):
-            return self.query(hidden_states), self.key(hidden_states), self.value(hidden_states)
+            return linear(hidden_states, self.query), linear(hidden_states, self.key), linear(hidden_states, self.value)
         weights = (self.query.weight, self.key.weight, self.value.weight)
         biases = (self.query.bias, self.key.bias, self.value.bias)
         device = hidden_states.device.type
@@ -253,8 +256,7 @@ class ScratchBertAddNorm(nn.Module):
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        # self.dense(x), in row chunks where oneDNN's bf16 GEMM would run slowly (see cpu_gemm.py).
-        return self.LayerNorm(residual + self.dropout(linear_in_row_chunks(x, self.dense)))
+        return self.LayerNorm(residual + self.dropout(linear(x, self.dense)))
 
 
 class ScratchBertAttention(nn.Module):
@@ -284,7 +286,7 @@ class ScratchBertIntermediate(nn.Module):
         self.intermediate_act_fn = ACT2FN[config.hidden_act]
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.intermediate_act_fn(self.dense(hidden_states))
+        return self.intermediate_act_fn(linear(hidden_states, self.dense))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -381,7 +383,7 @@ class ScratchBertPredictionHeadTransform(nn.Module):
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.LayerNorm(self.transform_act_fn(self.dense(hidden_states)))
+        return self.LayerNorm(self.transform_act_fn(linear(hidden_states, self.dense)))
 
 
 class ScratchBertLMPredictionHead(nn.Module):
@@ -399,7 +401,7 @@ class ScratchBertLMPredictionHead(nn.Module):
         self.bias = nn.Parameter(torch.zeros(config.vocab_size))  # tied to decoder.bias, BERT's checkpoint name
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.decoder(self.transform(hidden_states))
+        return linear(self.transform(hidden_states), self.decoder)
 
 
 class ScratchBertPreTrainingHeads(nn.Module):
