@@ -28,8 +28,9 @@ scripts/bench_gemm.py` and `python scripts/bench.py` show which behaviour a mach
   bf16 values (`linear_in_fp32`): inputs and weights rounded to bf16 exactly as a bf16 GEMM reads
   them, products and sums in fp32 (as oneDNN's bf16 kernels accumulate), the output rounded to
   bf16. The result is a bf16 GEMM's up to summation order, at fp32 speed: 8 x 128 tokens through
-  a (768, 3072) layer, 180 -> 23 ms. Attention in bf16 stays in SDPA; in fp32, two batched GEMMs
-  win for short sequences here too (16 x 64 tokens: 2.8 vs 3.3 ms; 128 tokens: even).
+  a (768, 3072) layer, 243 -> 30 ms (fp32 weights: 29 ms). Attention in bf16 stays in SDPA; in
+  fp32, two batched GEMMs win for short sequences here too (attention over 16 x 64 tokens: 2.9
+  vs 4.0 ms), but not at 128 tokens (see `BMM_ATTENTION_MAX_LENGTH`).
 
 Each choice below applies only where it was measured to help; set `AMX_BF16`, `BF16_UNITS` or
 `BMM_ATTENTION_MAX_LENGTH` by hand to try another one on a new machine. Every path computes the
@@ -71,8 +72,10 @@ SLOW_ROW_WINDOWS: dict[tuple[int, int], tuple[int, int]] = {(768, 768): (640, 15
 
 # Sequences up to this length attend through `bmm_attention`'s two batched GEMMs instead of SDPA on
 # CPUs without AMX, in fp32, and in bf16 where the CPU has bf16 units (0 turns it off). Measured on
-# bert-base heads (D = 64).
-BMM_ATTENTION_MAX_LENGTH = 128
+# bert-base heads (D = 64): up to 128 tokens with AVX-512 BF16; on the AVX2-only CPU a bert-base
+# forward on 8 x 128 tokens was 8% slower with it (the strided Q/K/V views need copies for `bmm`),
+# even from 64 to 96 tokens, and attention alone 20-35% faster below 64.
+BMM_ATTENTION_MAX_LENGTH = 128 if BF16_UNITS else 96
 
 
 def _compute_dtype(x: torch.Tensor) -> torch.dtype:
