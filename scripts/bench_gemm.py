@@ -61,8 +61,10 @@ def main() -> None:
     layers = {name: [nn.Linear(k, n).to(dtype) for _ in range(6)] for name, (k, n) in SHAPES.items()}
 
     applied = "applies it here" if cpu_gemm.AMX_BF16 and dtype == torch.bfloat16 else "does not apply it here"
+    units = "" if cpu_gemm.BF16_UNITS else " (no bf16 units either: the model runs its bf16 layers on fp32 kernels)"
     print(f"TFLOP/s, {args.dtype}, {args.threads} threads: plain F.linear / split into row chunks (*), inside "
-          f"cpu_gemm.SLOW_ROW_WINDOWS; this CPU {'has' if cpu_gemm.AMX_BF16 else 'has no'} AMX bf16, so the model {applied}")
+          f"cpu_gemm.SLOW_ROW_WINDOWS; this CPU {'has' if cpu_gemm.AMX_BF16 else 'has no'} AMX bf16, so the model "
+          f"{applied}{units}")
     print("| rows | " + " | ".join(SHAPES) + " |")
     print("|---|" + "---|" * len(SHAPES))
     with torch.inference_mode():
