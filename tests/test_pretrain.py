@@ -312,6 +312,22 @@ def test_finished_run_reloads_with_auto_classes_and_fill_mask(finished_run):
     assert [step for step, _ in ckpt.list_checkpoints(finished_run)] == [6, 8]  # keep_last=2
 
 
+def test_bf16_mixed_precision_trains_on_cpu_like_fp32(tiny_config, tmp_path):
+    """`--mixed-precision bf16` on CPU (autocast; on a CPU without bf16 units the layers run on fp32
+    kernels, see cpu_gemm.py): the same run as fp32 to bf16 rounding, fp32 weights saved."""
+    losses = {}
+    for precision in ("no", "bf16"):
+        AcceleratorState._reset_state(reset_partial_state=True)
+        output_dir = tmp_path / precision
+        pretrain(tiny_config(output_dir, mixed_precision=precision, save_every=8))
+        losses[precision] = [r["loss"] for r in read_log(output_dir) if r["type"] == "train"]
+    assert len(losses["bf16"]) == 8 and all(torch.isfinite(torch.tensor(losses["bf16"])))
+    assert losses["bf16"][-1] < losses["bf16"][0]
+    assert losses["bf16"][0] == pytest.approx(losses["no"][0], rel=0.01)  # same weights and batch at step 1
+    assert losses["bf16"][0] != losses["no"][0]  # but computed in bf16: autocast was on
+    assert all(t.dtype == torch.float32 for t in final_weights(tmp_path / "bf16").values())
+
+
 # --- errors ------------------------------------------------------------------------------
 
 
