@@ -22,7 +22,7 @@ scripts/bench_gemm.py` and `python scripts/bench.py` show which behaviour a mach
   `F.scaled_dot_product_attention`'s flash kernel (8 x 12 heads x 128 tokens, bf16: 3.7 vs 5.8
   ms); from 512 tokens on, SDPA is faster.
 - **With no bf16 instructions at all** (AVX2 only, AMD EPYC Zen 3): torch's bf16 GEMM has no
-  hardware to run on and reaches 16-20 GFLOP/s at bert-base shapes, against 95-135 GFLOP/s for
+  hardware to run on and reaches 16-20 GFLOP/s at bert-base shapes, against 95-185 GFLOP/s for
   fp32 on the same cores (6x slower); a bf16 `bmm` is 20-30x slower than SDPA, whose CPU kernel
   computes in fp32 inside. So on such a CPU every bf16 linear layer runs on the fp32 kernel over
   bf16 values (`linear_in_fp32`): inputs and weights rounded to bf16 exactly as a bf16 GEMM reads
