@@ -4,7 +4,8 @@ For each GEMM shape of a bert-base layer (fused Q/K/V 768 -> 2304, attention out
 feed-forward 768 -> 3072 and 3072 -> 768) and a sweep of row counts, prints TFLOP/s of a plain
 `F.linear` and, inside `cpu_gemm.SLOW_ROW_WINDOWS`, of the same GEMM split into row chunks
 (`cpu_gemm.linear_chunked`; the model splits only on CPUs with AMX, where the window was
-measured). Each figure is the median of several calls cycling through 6 weight matrices, as a
+measured); on a CPU without bf16 units, also of the fp32 kernel over bf16 values that the model
+uses there (`cpu_gemm.linear_in_fp32`). Each figure is the median of several calls cycling through 6 weight matrices, as a
 layer stack does. Run it to check whether a machine has the slow window (see
 `scratchbert/cpu_gemm.py`).
 
@@ -61,7 +62,9 @@ def main() -> None:
     layers = {name: [nn.Linear(k, n).to(dtype) for _ in range(6)] for name, (k, n) in SHAPES.items()}
 
     applied = "applies it here" if cpu_gemm.AMX_BF16 and dtype == torch.bfloat16 else "does not apply it here"
-    units = "" if cpu_gemm.BF16_UNITS else " (no bf16 units either: the model runs its bf16 layers on fp32 kernels)"
+    in_fp32 = cpu_gemm.bf16_in_fp32(torch.device("cpu"), dtype)
+    units = ("; no bf16 units either: the model runs its bf16 layers on fp32 kernels, `cpu_gemm.linear_in_fp32` (+)"
+             if in_fp32 else "")
     print(f"TFLOP/s, {args.dtype}, {args.threads} threads: plain F.linear / split into row chunks (*), inside "
           f"cpu_gemm.SLOW_ROW_WINDOWS; this CPU {'has' if cpu_gemm.AMX_BF16 else 'has no'} AMX bf16, so the model "
           f"{applied}{units}")
@@ -74,10 +77,13 @@ def main() -> None:
                 x = torch.randn(rows, k, dtype=dtype)
                 plain = tflops(lambda x, layer: layer(x), x, layers[name], args.repeats)
                 chunks = cpu_gemm.window_chunks(rows, (k, n))
-                cell = f"{plain:.2f}"
+                cell = f"{plain:.3f}"
                 if chunks > 1:
                     split = tflops(lambda x, layer: cpu_gemm.linear_chunked(x, layer, chunks), x, layers[name], args.repeats)
-                    cell += f" / {split:.2f}*"
+                    cell += f" / {split:.3f}*"
+                if in_fp32:
+                    fp32_kernel = tflops(cpu_gemm.linear_in_fp32, x, layers[name], args.repeats)
+                    cell += f" / {fp32_kernel:.3f}+"
                 cells.append(cell)
             print(f"| {rows} | " + " | ".join(cells) + " |", flush=True)
 

@@ -26,6 +26,8 @@ def test_bench_gemm_sweeps_and_names_this_cpus_choice():
     cells = row.strip("|").split("|")
     assert cells[0].strip() == "1024" and len(cells) == 5
     assert "*" in cells[2] and "*" in cells[4] and "*" not in cells[1]  # the two 768-output shapes are split
+    # Where the model runs bf16 on fp32 kernels, every shape shows that path too (+).
+    assert all(("+" in cell) is not cpu_gemm.BF16_UNITS for cell in cells[1:])
 
 
 @pytest.mark.parametrize("args, message", [(["--start", "0"], "--start must be at least 1"),
