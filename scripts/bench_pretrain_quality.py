@@ -86,6 +86,7 @@ def main() -> None:
         raise SystemExit(f"no .txt files in {args.corpus}")
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="bench-pretrain-"))
     common = dict(
+        recipe="paper",  # MLM + NSP: the two models compared are pretraining (BertForPreTraining) models
         preset=args.preset, train_files=files, max_steps=args.steps, max_seq_length=args.max_seq_length,
         batch_size=args.batch_size, learning_rate=args.learning_rate, warmup_ratio=0.1, eval_every=max(1, args.steps // 4),
         save_every=0, max_eval_examples=500,

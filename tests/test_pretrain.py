@@ -28,6 +28,7 @@ from scratchbert.training.pretrain import LOG_FILE, NonFiniteLossError, pretrain
 REPO = Path(__file__).resolve().parents[1]
 
 TINY = {
+    "recipe": "paper",  # MLM + NSP on sentence pairs; tests/test_recipes.py runs the packed recipe
     "hidden_size": 32,
     "num_hidden_layers": 2,
     "num_attention_heads": 4,

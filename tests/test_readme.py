@@ -74,7 +74,8 @@ def test_main_job_runs_end_to_end_in_miniature(tmp_path):
 
 @pytest.mark.slow
 def test_main_job_full_demo_learns_something(tmp_path):
-    """The whole `make demo` training run (minutes): the model must beat chance on held-out MLM and NSP."""
+    """The whole `make demo` training run (minutes): the model must leave the unigram plateau and fill
+    in the demo sentences' words."""
     result = subprocess.run([sys.executable, "-m", "scratchbert", "pretrain"], cwd=tmp_path, capture_output=True, text=True, timeout=1800)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     run = tmp_path / "runs" / "tiny"
@@ -83,7 +84,8 @@ def test_main_job_full_demo_learns_something(tmp_path):
     first_eval = next(r for r in records if r["type"] == "eval")
     final = records[-1]
     assert final["type"] == "final"
-    # Measured on 2 cores: 0.06 MLM accuracy at step 100 (the most frequent tokens), 0.187 at
-    # step 2000; NSP 0.65 against 0.5 for chance.
-    assert final["mlm_accuracy"] > max(0.12, first_eval["mlm_accuracy"] + 0.04)
-    assert final["nsp_accuracy"] > 0.55
+    # Measured on 2 cores: see the README's demo paragraph for the figures.
+    assert final["mlm_accuracy"] > max(0.25, first_eval["mlm_accuracy"] + 0.1)
+    # "the [MASK] statement is used to leave a loop early." -> break among the top 5
+    loop_line = result.stdout.split("leave a loop early.", 1)[1].splitlines()[1]
+    assert "break (" in loop_line, result.stdout[-2000:]

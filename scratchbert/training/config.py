@@ -6,7 +6,10 @@ the one before:
 
     dataclass defaults  <  a YAML or JSON file (`--config run.yaml`)  <  command-line flags
 
-and the model's geometry comes from a named preset unless a field sets it explicitly.
+and the model's geometry comes from a named preset unless a field sets it explicitly. The
+training recipe (`RECIPES`: what the examples look like, the masking rate, dropout, the
+learning rate) comes the same way from a named recipe: `packed` by default, `paper` for
+the BERT paper's; any of its options given in the file or as a flag wins.
 The presets are the sizes of the BERT miniatures Google released with the paper's
 follow-up ("Well-Read Students Learn Better", Turc et al. 2019) plus BERT-base:
 
@@ -17,9 +20,9 @@ follow-up ("Well-Read Students Learn Better", Turc et al. 2019) plus BERT-base:
     medium        8       512        8           2048
     base         12       768       12           3072
 
-The defaults (tiny, 2000 steps of 32 pairs of 64 tokens, peak learning rate 2e-3) are the
-no-argument demo: a few minutes on 2 CPU cores. Real pretraining wants longer sequences
-(BERT: 128, then 512), far more steps and, for larger presets, a lower learning rate.
+The defaults (tiny, the packed recipe, 2000 steps of 32 examples of 64 tokens) are the
+no-argument demo: a few minutes on 2 CPU cores. `--time-budget MINUTES` trains for a length
+of time instead of a number of steps, with the learning-rate schedule on elapsed time.
 """
 
 from __future__ import annotations
@@ -44,6 +47,39 @@ PRESETS: dict[str, tuple[int, int]] = {
 HEAD_DIM = 64  # every released BERT uses 64-dimensional attention heads
 MIXED_PRECISION_CHOICES = ("no", "bf16", "fp16")
 DEFAULT_VOCAB_SIZE = 4096  # plenty for the embedded corpus (~65k words); BERT's English vocabularies have ~30k
+PACKINGS = ("full-sentences", "sentence-pairs")
+
+# The training recipes: every option a recipe decides, and its value. A field left at None
+# takes the recipe's value; a value given in a file or a flag wins over the recipe.
+# Why the default is "packed" and what was measured: docs/pretraining.md.
+RECIPES: dict[str, dict] = {
+    # What a small budget learns fastest from (RoBERTa's FULL-SENTENCES inputs without NSP,
+    # Liu et al. 2019; a higher masking rate, Wettig et al. 2023; no dropout and a high
+    # peak learning rate decaying to zero, Geiping & Goldstein 2022 "Cramming" and Izsak
+    # et al. 2021 "How to Train BERT with an Academic Budget").
+    "packed": {
+        "nsp": False,
+        "packing": "full-sentences",
+        "mlm_probability": 0.3,
+        "hidden_dropout_prob": 0.0,
+        "attention_probs_dropout_prob": 0.0,
+        "learning_rate": 2e-3,
+        "warmup_ratio": 0.06,
+    },
+    # The BERT paper (Devlin et al. 2019): MLM + NSP on sentence pairs, 15% masking,
+    # dropout 0.1, peak learning rate 1e-4 after 1% warmup, linear decay.
+    "paper": {
+        "nsp": True,
+        "packing": "sentence-pairs",
+        "mlm_probability": 0.15,
+        "hidden_dropout_prob": 0.1,
+        "attention_probs_dropout_prob": 0.1,
+        "learning_rate": 1e-4,
+        "warmup_ratio": 0.01,
+    },
+}
+DEFAULT_RECIPE = "packed"
+DEFAULT_MAX_STEPS = 2000  # without --time-budget
 
 
 def preset_geometry(name: str) -> dict[str, int]:
@@ -70,8 +106,25 @@ class PretrainConfig:
     num_attention_heads: int | None = field(default=None, metadata={"help": "attention heads (default: H/64)"})
     intermediate_size: int | None = field(default=None, metadata={"help": "feed-forward width (default: 4H)"})
     max_position_embeddings: int = field(default=512, metadata={"help": "rows of the position table"})
-    hidden_dropout_prob: float = field(default=0.1, metadata={"help": "dropout on hidden states"})
-    attention_probs_dropout_prob: float = field(default=0.1, metadata={"help": "dropout on attention weights"})
+    hidden_dropout_prob: float | None = field(default=None, metadata={"help": "dropout on hidden states (default: from the recipe)"})
+    attention_probs_dropout_prob: float | None = field(
+        default=None, metadata={"help": "dropout on attention weights (default: from the recipe)"}
+    )
+
+    # --- recipe ---
+    recipe: str = field(
+        default=DEFAULT_RECIPE,
+        metadata={
+            "help": "packed (default, the best measured on a small budget: MLM only on contiguous text packed to "
+            "full length, 30%% masking, no dropout, peak learning rate 2e-3) or paper (BERT's: MLM + NSP on "
+            "sentence pairs, 15%% masking, dropout 0.1, learning rate 1e-4); see docs/pretraining.md"
+        },
+    )
+    nsp: bool | None = field(default=None, metadata={"help": "train next-sentence prediction (needs --packing sentence-pairs; default: from the recipe)"})
+    packing: str | None = field(
+        default=None,
+        metadata={"help": "full-sentences (contiguous text, one segment, no padding) or sentence-pairs ([CLS] A [SEP] B [SEP]); default: from the recipe"},
+    )
 
     # --- tokenizer ---
     tokenizer: str | None = field(
@@ -92,20 +145,28 @@ class PretrainConfig:
     dataset: str | None = field(default=None, metadata={"help": "a `datasets` dataset (local directory or hub name)"})
     text_column: str = field(default="text", metadata={"help": "text column of --dataset"})
     max_seq_length: int = field(default=64, metadata={"help": "tokens per example, special tokens included"})
-    short_seq_prob: float = field(default=0.1, metadata={"help": "probability of a shorter random target length"})
-    dupe_factor: int = field(default=5, metadata={"help": "pairings of the training text, each with another seed (BERT used 10)"})
-    mlm_probability: float = field(default=0.15, metadata={"help": "fraction of tokens chosen for masking"})
+    short_seq_prob: float = field(default=0.1, metadata={"help": "sentence-pairs: probability of a shorter random target length"})
+    dupe_factor: int = field(default=5, metadata={"help": "sentence-pairs: pairings of the training text, each with another seed (BERT used 10)"})
+    mlm_probability: float | None = field(default=None, metadata={"help": "fraction of tokens chosen for masking (default: from the recipe)"})
     whole_word_mask: bool = field(default=False, metadata={"help": "mask all ## pieces of a word together"})
     eval_fraction: float = field(default=0.1, metadata={"help": "fraction of documents held out for evaluation"})
     max_eval_examples: int = field(default=1000, metadata={"help": "cap on held-out sentence pairs scored per evaluation (0: all)"})
     num_workers: int = field(default=0, metadata={"help": "DataLoader worker processes"})
 
     # --- optimisation ---
-    max_steps: int = field(default=2000, metadata={"help": "optimizer steps to train for"})
+    max_steps: int | None = field(
+        default=None, metadata={"help": f"optimizer steps to train for (default: {DEFAULT_MAX_STEPS}; with --time-budget: no limit)"}
+    )
+    time_budget: float | None = field(
+        default=None,
+        metadata={"help": "minutes of training: the learning-rate schedule runs on elapsed training time and the run stops (and saves) at the budget"},
+    )
     batch_size: int = field(default=32, metadata={"help": "examples per device per forward pass"})
     gradient_accumulation_steps: int = field(default=1, metadata={"help": "forward passes per optimizer step"})
-    learning_rate: float = field(default=2e-3, metadata={"help": "peak learning rate of AdamW"})
-    warmup_ratio: float = field(default=0.1, metadata={"help": "fraction of max_steps spent warming up linearly"})
+    learning_rate: float | None = field(default=None, metadata={"help": "peak learning rate of AdamW (default: from the recipe)"})
+    warmup_ratio: float | None = field(
+        default=None, metadata={"help": "fraction of the steps (or of the time budget) spent warming up linearly (default: from the recipe)"}
+    )
     weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay (never on biases or LayerNorm)"})
     adam_beta1: float = field(default=0.9, metadata={"help": "AdamW beta1"})
     adam_beta2: float = field(default=0.999, metadata={"help": "AdamW beta2"})
@@ -126,6 +187,13 @@ class PretrainConfig:
     progress_bar: bool = field(default=True, metadata={"help": "show a tqdm bar on the main process"})
 
     def __post_init__(self) -> None:
+        if self.recipe not in RECIPES:
+            raise ValueError(f"recipe={self.recipe!r}: choose one of {', '.join(RECIPES)}.")
+        for name, value in RECIPES[self.recipe].items():
+            if getattr(self, name) is None:
+                setattr(self, name, value)
+        if self.max_steps is None and self.time_budget is None:
+            self.max_steps = DEFAULT_MAX_STEPS
         geometry = preset_geometry(self.preset)
         hidden = self.hidden_size or geometry["hidden_size"]
         defaults = {
@@ -147,9 +215,8 @@ class PretrainConfig:
         """Raise a ValueError naming the bad value and the fix."""
         positive = (
             "num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "max_position_embeddings",
-            "max_seq_length", "dupe_factor", "max_steps", "batch_size", "gradient_accumulation_steps", "keep_last",
-            "log_every",
-        )  # fmt: skip
+            "max_seq_length", "dupe_factor", "batch_size", "gradient_accumulation_steps", "keep_last", "log_every",
+        ) + (("max_steps",) if self.max_steps is not None else ())  # fmt: skip
         for name in positive:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
@@ -172,6 +239,17 @@ class PretrainConfig:
             )
         if self.max_seq_length < 8:
             raise ValueError(f"max_seq_length={self.max_seq_length}: it must leave room for [CLS] A [SEP] B [SEP] (use 8 or more).")
+        if self.time_budget is not None and (
+            isinstance(self.time_budget, bool) or not isinstance(self.time_budget, (int, float)) or not 0 < self.time_budget < float("inf")
+        ):
+            raise ValueError(f"time_budget={self.time_budget!r}: it must be a positive number of minutes (e.g. --time-budget 60).")
+        if self.packing not in PACKINGS:
+            raise ValueError(f"packing={self.packing!r}: choose one of {', '.join(PACKINGS)}.")
+        if self.nsp and self.packing == "full-sentences":
+            raise ValueError(
+                "--nsp with --packing full-sentences makes no sense: packed examples are one stretch of text with no "
+                "second segment whose order could be predicted. Use --packing sentence-pairs for NSP, or --no-nsp."
+            )
         for name in ("mlm_probability", "eval_fraction"):
             if not 0.0 < getattr(self, name) < 1.0:
                 raise ValueError(f"{name}={getattr(self, name)!r}: it must be strictly between 0 and 1.")
@@ -262,15 +340,14 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
         if f.default not in (dataclasses.MISSING, None) and "default" not in help_text:
             help_text += f" (default: {f.default})"
         args = typing.get_args(kind)
-        if kind is bool:
+        if kind is bool or (typing.get_origin(kind) is not list and set(args) == {bool, type(None)}):
             parser.add_argument(_flag(f.name), action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=help_text)
         elif typing.get_origin(kind) is list:
             parser.add_argument(_flag(f.name), nargs="+", metavar="PATH", default=argparse.SUPPRESS, help=help_text)
         else:
             base = next((a for a in args if a is not type(None)), kind) if args else kind
-            extra = {"choices": list(PRESETS)} if f.name == "preset" else {}
-            if f.name == "mixed_precision":
-                extra = {"choices": list(MIXED_PRECISION_CHOICES)}
+            choices = {"preset": PRESETS, "recipe": RECIPES, "packing": PACKINGS, "mixed_precision": MIXED_PRECISION_CHOICES}
+            extra = {"choices": list(choices[f.name])} if f.name in choices else {}
             metavar = {int: "N", float: "X"}.get(base, "VALUE")
             if not extra:
                 extra = {"metavar": metavar}

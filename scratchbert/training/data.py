@@ -809,13 +809,120 @@ def build_pretraining_dataset(
     return examples
 
 
+# ---------------------------------------------------------------------------
+# 5. Packed contiguous text (RoBERTa's FULL-SENTENCES), for MLM without NSP
+# ---------------------------------------------------------------------------
+
+PACKED_FEATURES = datasets.Features(
+    {
+        "input_ids": datasets.List(datasets.Value("int32")),
+        "token_type_ids": datasets.List(datasets.Value("int8")),
+        "attention_mask": datasets.List(datasets.Value("int8")),
+    }
+)
+
+
+def pack_token_stream(documents: Sequence[Sequence[TokenIds]], block_length: int, separator_id: int) -> list[TokenIds]:
+    """Concatenate documents (each a list of sentences) into one stream and cut it into blocks.
+
+    Sentences of a document follow each other directly; a `separator_id` token marks where
+    one document ends and the next begins (RoBERTa's FULL-SENTENCES: blocks may cross
+    document boundaries, and the separator tells the model they do). Every block is exactly
+    `block_length` tokens long; the tail of the stream that does not fill one is dropped.
+    """
+    stream: TokenIds = []
+    for sentences in documents:
+        if not sentences:
+            continue
+        if stream:
+            stream.append(separator_id)
+        for sentence in sentences:
+            stream.extend(sentence)
+    return [stream[start : start + block_length] for start in range(0, len(stream) - block_length + 1, block_length)]
+
+
+def _packed_blocks_for_batch(batch: dict, *, block_length: int, cls_id: int, sep_id: int) -> dict:
+    """Map function: a batch of tokenized documents -> full-length `[CLS] block [SEP]` examples."""
+    blocks = pack_token_stream(batch["sentences"], block_length, sep_id)
+    length = block_length + 2
+    return {
+        "input_ids": [[cls_id, *block, sep_id] for block in blocks],
+        "token_type_ids": [[0] * length for _ in blocks],
+        "attention_mask": [[1] * length for _ in blocks],
+    }
+
+
+def build_packed_dataset(
+    documents: Documents,
+    tokenizer,
+    *,
+    max_seq_length: int = 128,
+    num_proc: int | None = None,
+    accelerator=None,
+    batch_size: int = 1000,
+) -> datasets.Dataset | datasets.IterableDataset:
+    """MLM examples of contiguous text packed to exactly `max_seq_length` tokens: no padding, no NSP.
+
+    `[CLS] t1 t2 ... [SEP]`, all of segment 0, cut from the documents' token stream (see
+    `pack_token_stream`). This is the input format RoBERTa found best for masked-language
+    modelling alone (FULL-SENTENCES), and every position of every example is real text,
+    so no compute goes to padding and the model learns from full-length context.
+
+    Args:
+        documents: as for `build_pretraining_dataset` (strings, a "text" dataset, the
+            output of `tokenize_documents`, or an `IterableDataset` of either).
+        max_seq_length: tokens per example, [CLS] and [SEP] included (>= 3).
+        batch_size: documents per `map` batch; the stream is cut per batch, so the last
+            partial block of each batch (at most max_seq_length - 3 tokens) is dropped.
+
+    Returns:
+        Dataset (IterableDataset when streaming) with input_ids, token_type_ids (all 0) and
+        attention_mask (all 1), every example `max_seq_length` long, in corpus order.
+
+    Raises:
+        ValueError: max_seq_length below 3; a tokenizer without [CLS]/[SEP]; text too
+            short to fill a single example.
+    """
+    if isinstance(max_seq_length, bool) or not isinstance(max_seq_length, int) or max_seq_length < 3:
+        raise ValueError(f"max_seq_length={max_seq_length!r} is too small: [CLS] text [SEP] needs at least 3 tokens (BERT uses 128 and 512)")
+    cls_id, sep_id = tokenizer.cls_token_id, tokenizer.sep_token_id
+    if cls_id is None or sep_id is None:
+        raise ValueError("the tokenizer has no [CLS] or [SEP] token; BERT examples need both (set cls_token and sep_token)")
+    columns = getattr(documents, "column_names", None) or []
+    if "sentences" in columns and "text" not in columns:
+        tokenized = documents
+    else:
+        tokenized = tokenize_documents(documents, tokenizer, num_proc=num_proc, batch_size=batch_size, accelerator=accelerator)
+    pack_kwargs = {"block_length": max_seq_length - 2, "cls_id": cls_id, "sep_id": sep_id}
+    map_kwargs = {"batched": True, "batch_size": batch_size, "remove_columns": ["sentences"], "features": PACKED_FEATURES, "fn_kwargs": pack_kwargs}
+    if isinstance(tokenized, datasets.IterableDataset):
+        return tokenized.map(_packed_blocks_for_batch, **map_kwargs)
+    with _main_process_first(accelerator):
+        examples = tokenized.map(
+            _packed_blocks_for_batch,
+            num_proc=num_proc,
+            new_fingerprint=Hasher.hash([tokenized._fingerprint, _code_fingerprint(), pack_kwargs, batch_size]),
+            desc="Packing text into blocks",
+            **map_kwargs,
+        )
+    if len(examples) == 0:
+        raise ValueError(
+            f"no pretraining examples: the text holds fewer than the {max_seq_length - 2} tokens one packed example needs. "
+            "Add text or lower --max-seq-length"
+        )
+    logger.info("Packed %d examples of %d tokens from %d documents.", len(examples), max_seq_length, len(tokenized))
+    return examples
+
+
 __all__ = [
     "MIN_MAX_SEQ_LENGTH",
+    "build_packed_dataset",
     "build_pretraining_dataset",
     "create_pairs_from_document",
     "cut_long_sentences",
     "default_corpus_documents",
     "load_documents",
+    "pack_token_stream",
     "split_sentences",
     "tokenize_documents",
     "truncate_pair",

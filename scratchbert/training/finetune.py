@@ -250,10 +250,43 @@ def encode_labels(splits, label_column: str, label_names: Sequence[str]):
     return splits.map(to_ids, batched=True, desc="encoding labels")
 
 
-def tokenize_splits(splits, tokenizer, text_column: str, text_pair_column: str | None, max_length: int):
-    """Tokenize to `input_ids`/`token_type_ids`/`attention_mask` (unpadded: the collator pads per batch)."""
+TRUNCATIONS = ("head", "head+tail")
+
+
+def head_and_tail(token_ids: Sequence[int], budget: int, head_fraction: float = 0.25) -> list[int]:
+    """The first and the last tokens of a text that has more than `budget` of them.
+
+    Long reviews and articles often say what they mean at the end; keeping the first
+    quarter of the budget from the start and the rest from the end beats keeping the start
+    only (Sun et al. 2019, "How to Fine-Tune BERT for Text Classification": head 128 + tail
+    382 was their best cut of IMDB reviews to 512 tokens).
+    """
+    if len(token_ids) <= budget:
+        return list(token_ids)
+    head = int(budget * head_fraction)
+    return list(token_ids[:head]) + list(token_ids[len(token_ids) - (budget - head) :])
+
+
+def tokenize_splits(splits, tokenizer, text_column: str, text_pair_column: str | None, max_length: int, truncation: str = "head"):
+    """Tokenize to `input_ids`/`token_type_ids`/`attention_mask` (unpadded: the collator pads per batch).
+
+    `truncation`: "head" keeps the first `max_length` tokens (with [CLS] and [SEP]);
+    "head+tail" keeps the start and the end of a long single text (`head_and_tail`).
+    """
+    if truncation not in TRUNCATIONS:
+        raise ValueError(f"truncation={truncation!r}: choose one of {', '.join(TRUNCATIONS)}.")
+    if truncation == "head+tail" and text_pair_column is not None:
+        raise ValueError("head+tail truncation cuts single texts; with a text pair use truncation='head'.")
 
     def tokenize(batch):
+        if truncation == "head+tail":
+            pieces = tokenizer(batch[text_column], add_special_tokens=False, truncation=False, verbose=False)["input_ids"]
+            input_ids = [[tokenizer.cls_token_id, *head_and_tail(ids, max_length - 2), tokenizer.sep_token_id] for ids in pieces]
+            return {
+                "input_ids": input_ids,
+                "token_type_ids": [[0] * len(ids) for ids in input_ids],
+                "attention_mask": [[1] * len(ids) for ids in input_ids],
+            }
         pair = batch[text_pair_column] if text_pair_column is not None else None
         return tokenizer(batch[text_column], pair, truncation=True, max_length=max_length)
 
@@ -491,6 +524,7 @@ def finetune_text_classification(
     max_train_samples: int | None = None,
     max_eval_samples: int | None = None,
     max_length: int | None = None,
+    truncation: str = "head",
     epochs: float = 3.0,
     batch_size: int = 16,
     eval_batch_size: int = 64,
@@ -544,7 +578,7 @@ def finetune_text_classification(
         raise ValueError(f"the data has a single label ({label_names[0]!r}); a classifier needs at least two.")
     label_names = checkpoint_label_order(checkpoint, label_names, reinit_head)
     logger.info("%d labels: %s; %s", len(label_names), ", ".join(label_names), ", ".join(f"{k} {len(v)} rows" for k, v in splits.items()))
-    splits = tokenize_splits(encode_labels(splits, label_column, label_names), tokenizer, text_column, text_pair_column, max_length)
+    splits = tokenize_splits(encode_labels(splits, label_column, label_names), tokenizer, text_column, text_pair_column, max_length, truncation)
 
     set_seed(seed)  # the new head's initialisation and the data order
     model = load_sequence_classifier(checkpoint, label_names, reinit_head=reinit_head, model_class=model_class)
@@ -629,6 +663,10 @@ def add_cli(subparsers) -> None:
     data.add_argument("--max-train-samples", type=int, help="train on a random subset of this size")
     data.add_argument("--max-eval-samples", type=int, help="evaluate on random subsets of this size")
     data.add_argument("--max-length", type=int, help=f"tokens per example after truncation (default: {DEFAULT_MAX_LENGTH} or the model's positions)")
+    data.add_argument(
+        "--truncation", choices=TRUNCATIONS, default="head",
+        help="which tokens of a long text to keep: the first ones, or the first quarter and the last three quarters",
+    )  # fmt: skip
     train = parser.add_argument_group("training")
     train.add_argument("--epochs", type=float, default=3.0)
     train.add_argument("--batch-size", type=int, default=16)
@@ -669,6 +707,7 @@ def _run_cli(args) -> int:
         max_train_samples=args.max_train_samples,
         max_eval_samples=args.max_eval_samples,
         max_length=args.max_length,
+        truncation=args.truncation,
         epochs=args.epochs,
         batch_size=args.batch_size,
         eval_batch_size=args.eval_batch_size,

@@ -13,7 +13,7 @@ def read_log(path: str | Path) -> list[dict]:
 
 
 def plot_training_curves(records: list[dict], path: str | Path, title: str = "scratchbert pretraining") -> Path:
-    """Draw training loss and held-out MLM loss / MLM accuracy / NSP accuracy against steps.
+    """Draw training loss and held-out MLM loss / MLM accuracy / NSP accuracy (when trained) against steps.
 
     `records` are the log's dicts: `{"type": "train", "step", "loss"}` and
     `{"type": "eval", "step", "mlm_loss", "mlm_accuracy", "nsp_accuracy"}`.
@@ -26,11 +26,14 @@ def plot_training_curves(records: list[dict], path: str | Path, title: str = "sc
     train = [r for r in records if r.get("type") == "train"]
     evals = [r for r in records if r.get("type") == "eval"]
     figure, (loss_axis, accuracy_axis) = plt.subplots(1, 2, figsize=(11, 4))
-    loss_axis.plot([r["step"] for r in train], [r["loss"] for r in train], label="train loss (MLM + NSP)")
+    has_nsp = any("nsp_accuracy" in r for r in evals)
+    loss_axis.plot([r["step"] for r in train], [r["loss"] for r in train], label=f"train loss ({'MLM + NSP' if has_nsp else 'MLM'})")
     if evals:
         loss_axis.plot([r["step"] for r in evals], [r["mlm_loss"] for r in evals], "o-", label="held-out MLM loss")
         accuracy_axis.plot([r["step"] for r in evals], [r["mlm_accuracy"] for r in evals], "o-", label="held-out MLM accuracy")
-        accuracy_axis.plot([r["step"] for r in evals], [r["nsp_accuracy"] for r in evals], "s-", label="held-out NSP accuracy")
+    if has_nsp:
+        nsp = [r for r in evals if "nsp_accuracy" in r]
+        accuracy_axis.plot([r["step"] for r in nsp], [r["nsp_accuracy"] for r in nsp], "s-", label="held-out NSP accuracy")
         accuracy_axis.axhline(0.5, color="grey", linestyle=":", linewidth=1, label="NSP chance")
     loss_axis.set(xlabel="optimizer step", ylabel="loss", title="loss")
     accuracy_axis.set(xlabel="optimizer step", ylabel="accuracy", title="held-out accuracy", ylim=(0, 1))
@@ -57,6 +60,34 @@ def plot_loss_comparison(curves: dict[str, tuple[list[int], list[float]]], path:
     for (label, (steps, losses)), style in zip(curves.items(), ("-", "--", ":", "-.")):
         axis.plot(steps, losses, style, label=label)
     axis.set(xlabel="optimizer step", ylabel="training loss", title=title)
+    axis.grid(alpha=0.3)
+    axis.legend()
+    figure.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
+
+
+def plot_eval_curves(runs: dict[str, list[dict]], path: str | Path, title: str, metric: str = "mlm_accuracy", baseline: float | None = None) -> Path:
+    """Held-out `metric` against seconds of training for several runs, `{label: log records}`.
+
+    The x axis is `training_seconds` (what a time budget buys), so runs of different speed
+    compare at equal cost; `baseline` draws a horizontal line (e.g. the unigram accuracy).
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(7, 4))
+    for (label, records), style in zip(runs.items(), ("o-", "s-", "^-", "d-", "v-", "x-")):
+        evals = [r for r in records if r.get("type") == "eval" and "training_seconds" in r]
+        axis.plot([r["training_seconds"] / 60 for r in evals], [r[metric] for r in evals], style, label=label, markersize=4)
+    if baseline is not None:
+        axis.axhline(baseline, color="grey", linestyle=":", linewidth=1, label="unigram plateau")
+    axis.set(xlabel="minutes of training", ylabel=f"held-out {metric.replace('_', ' ')}", title=title)
     axis.grid(alpha=0.3)
     axis.legend()
     figure.tight_layout()

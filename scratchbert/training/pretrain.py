@@ -45,6 +45,7 @@ from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration, set_
 from torch.utils.data import DataLoader, Dataset
 
 from scratchbert.training import checkpoint as ckpt
+from scratchbert.training.collator import IGNORE_INDEX
 from scratchbert.training.config import DEFAULT_VOCAB_SIZE, PretrainConfig, add_config_arguments, config_from_args
 
 LOG_FILE = "train_log.jsonl"
@@ -52,6 +53,7 @@ CURVES_FILE = "training_curves.png"
 TOKENIZER_DIR = "tokenizer"
 CONFIG_FILE = "pretrain_config.json"
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "labels", "next_sentence_label")
+EVAL_MLM_PROBABILITY = 0.15  # held-out MLM accuracy is always measured at BERT's masking rate
 
 # Shown after the demo run (no --train-files / --dataset): sentences in the style of the
 # Python documentation the embedded corpus comes from, not copied from it.
@@ -220,31 +222,40 @@ def split_documents(documents: list[str], eval_fraction: float, seed: int) -> tu
 
 
 def build_datasets(config: PretrainConfig, tokenizer, train_docs: list[str], eval_docs: list[str]):
-    """NSP example datasets for training and evaluation (`datasets.Dataset`s).
+    """Example datasets for training and evaluation (`datasets.Dataset`s), as `config.packing` says.
 
-    The training documents are tokenized once and paired `dupe_factor` times with
+    full-sentences: the documents' text packed into examples of exactly max_seq_length
+    tokens (`build_packed_dataset`); dynamic masking makes each epoch new.
+    sentence-pairs: the documents are tokenized once and paired `dupe_factor` times with
     different seeds (as BERT's create_pretraining_data.py does): each copy cuts the
     documents into other A/B segments and draws other NotNext partners, so a small corpus
-    offers more distinct sentence pairs than one pass over it would.
+    offers more distinct sentence pairs than one pass over it would. Without NSP every B
+    is the text that follows A.
     """
     import datasets
 
-    from scratchbert.training.data import build_pretraining_dataset, tokenize_documents
+    from scratchbert.training.data import build_packed_dataset, build_pretraining_dataset, tokenize_documents
 
-    pairing = {"max_seq_length": config.max_seq_length, "short_seq_prob": config.short_seq_prob}
+    def examples(tokenized, seed: int):
+        if config.packing == "full-sentences":
+            return build_packed_dataset(tokenized, tokenizer, max_seq_length=config.max_seq_length)
+        pairing = {"max_seq_length": config.max_seq_length, "short_seq_prob": config.short_seq_prob}
+        return build_pretraining_dataset(tokenized, tokenizer, seed=seed, nsp_probability=0.5 if config.nsp else 0.0, **pairing)
+
     splits = []
     for name, docs, copies, seed in (
-        ("training", train_docs, config.dupe_factor, config.seed),
+        ("training", train_docs, config.dupe_factor if config.packing == "sentence-pairs" else 1, config.seed),
         ("held-out", eval_docs, 1, config.seed + 10_000),  # a seed no training copy uses
     ):
         tokenized = tokenize_documents(docs, tokenizer)
-        dataset = datasets.concatenate_datasets(
-            [build_pretraining_dataset(tokenized, tokenizer, seed=seed + copy, **pairing) for copy in range(copies)]
-        )
+        try:
+            dataset = datasets.concatenate_datasets([examples(tokenized, seed + copy) for copy in range(copies)])
+        except ValueError as err:
+            raise ValueError(f"the {name} split ({len(docs)} documents): {err}") from None
         if len(dataset) == 0:
             raise ValueError(
                 f"the {name} split produced no examples ({len(docs)} documents): the text is too short for "
-                f"sentence pairs of up to {config.max_seq_length} tokens. Add text or lower --max-seq-length"
+                f"examples of up to {config.max_seq_length} tokens. Add text or lower --max-seq-length"
                 + (" / raise --eval-fraction." if name == "held-out" else ".")
             )
         splits.append(dataset)
@@ -278,10 +289,11 @@ class SeededCollator:
     is left to dropout alone. Set `epoch` before each epoch.
     """
 
-    def __init__(self, collator, seed: int, epoch: int = 0):
+    def __init__(self, collator, seed: int, epoch: int = 0, model_inputs=MODEL_INPUTS):
         self.collator = collator
         self.seed = seed
         self.epoch = epoch
+        self.model_inputs = model_inputs
 
     def batch_seed(self, indices) -> int:
         key = f"{self.seed}:{self.epoch}:{','.join(map(str, indices))}".encode()
@@ -291,17 +303,21 @@ class SeededCollator:
         indices, examples = zip(*items)
         self.collator.generator = torch.Generator().manual_seed(self.batch_seed(indices))
         batch = self.collator(list(examples))
-        return {name: batch[name] for name in MODEL_INPUTS if name in batch}
+        return {name: batch[name] for name in self.model_inputs if name in batch}
 
 
 def make_dataloaders(config: PretrainConfig, tokenizer, train_dataset, eval_dataset):
     from scratchbert.training.collator import DataCollatorForPretraining
 
-    def collator():
-        return DataCollatorForPretraining(tokenizer, mlm_probability=config.mlm_probability, whole_word_mask=config.whole_word_mask)
+    def collator(mlm_probability: float):
+        return DataCollatorForPretraining(tokenizer, mlm_probability=mlm_probability, whole_word_mask=config.whole_word_mask)
 
-    train_collate = SeededCollator(collator(), config.seed)
-    eval_collate = SeededCollator(collator(), config.seed + 1)  # fixed masks: every evaluation sees the same
+    # Without NSP the model takes no next_sentence_label (sentence pairs still carry one).
+    inputs = MODEL_INPUTS if config.nsp else tuple(name for name in MODEL_INPUTS if name != "next_sentence_label")
+    train_collate = SeededCollator(collator(config.mlm_probability), config.seed, model_inputs=inputs)
+    # Fixed masks at BERT's 15% whatever the training rate: every evaluation, and every
+    # recipe, is scored on the same kind of task.
+    eval_collate = SeededCollator(collator(EVAL_MLM_PROBABILITY), config.seed + 1, model_inputs=inputs)
     # Each DataLoader gets its own generator: starting an iteration draws a worker base seed
     # from it, and from torch's global RNG (dropout's stream) if it had none — which would
     # shift dropout in a resumed run, since it starts iterating at a different moment.
@@ -327,11 +343,16 @@ def make_dataloaders(config: PretrainConfig, tokenizer, train_dataset, eval_data
 # 4. Model, optimizer, schedule
 # ---------------------------------------------------------------------------------------------
 def build_model(config: PretrainConfig, tokenizer, vocab_size: int, model_class=None, config_class=None):
-    """A freshly initialised pretraining model of `vocab_size` tokens, checked against the tokenizer."""
-    if model_class is None:
-        from scratchbert import ScratchBertConfig, ScratchBertForPreTraining
+    """A freshly initialised pretraining model of `vocab_size` tokens, checked against the tokenizer.
 
-        model_class, config_class = ScratchBertForPreTraining, ScratchBertConfig
+    With NSP: `ScratchBertForPreTraining` (pooler, MLM and NSP heads). Without: the MLM
+    head alone, `ScratchBertForMaskedLM`, with no pooler, so nothing untrained is saved and
+    a fine-tuned classifier starts its pooler fresh (as from transformers' `run_mlm.py`).
+    """
+    if model_class is None:
+        from scratchbert import ScratchBertConfig, ScratchBertForMaskedLM, ScratchBertForPreTraining
+
+        model_class, config_class = ScratchBertForPreTraining if config.nsp else ScratchBertForMaskedLM, ScratchBertConfig
     model_config = config_class(vocab_size=vocab_size, pad_token_id=tokenizer.pad_token_id, **config.model_kwargs())
     check_vocabulary(tokenizer, model_config)
     return model_class(model_config)
@@ -364,31 +385,89 @@ def warmup_then_linear_decay(max_steps: int, warmup_steps: int):
     return factor
 
 
+class TimeBudgetSchedule:
+    """Learning-rate multiplier of a time-budgeted run: the same warmup and decay, on elapsed time.
+
+    As in "How to Train BERT with an Academic Budget" (Izsak et al. 2021): the rate rises
+    linearly over the first `warmup_ratio` of the budget and falls linearly to 0 at its
+    end, so the run ends annealed whatever speed the machine has. The loop sets
+    `elapsed` (seconds of training, the same on every process) before each scheduler step.
+    """
+
+    def __init__(self, budget_seconds: float, warmup_ratio: float):
+        self.budget_seconds = budget_seconds
+        self.warmup_ratio = warmup_ratio
+        self.elapsed = 0.0
+
+    def __call__(self, step: int) -> float:
+        progress = min(self.elapsed / self.budget_seconds, 1.0)
+        if progress < self.warmup_ratio:
+            return max(progress / self.warmup_ratio, 1e-3)  # never exactly 0: the first step must move
+        return max(0.0, (1.0 - progress) / max(1e-9, 1.0 - self.warmup_ratio))
+
+
+class TrainingClock:
+    """Seconds spent training, carried over when a run is resumed.
+
+    Evaluation and checkpoint writing are left out (`pause` / `start` around them), so a
+    budget buys the same amount of training whatever the bookkeeping costs. `timer` is
+    injectable so tests can run a budget on a clock of their own.
+    """
+
+    def __init__(self, elapsed: float = 0.0, timer=time.perf_counter):
+        self.timer = timer
+        self._elapsed = elapsed
+        self._since: float | None = None
+
+    def start(self) -> None:
+        if self._since is None:
+            self._since = self.timer()
+
+    def pause(self) -> None:
+        if self._since is not None:
+            self._elapsed += self.timer() - self._since
+            self._since = None
+
+    def seconds(self) -> float:
+        return self._elapsed + (self.timer() - self._since if self._since is not None else 0.0)
+
+
 # ---------------------------------------------------------------------------------------------
 # 5. Evaluation
 # ---------------------------------------------------------------------------------------------
 @torch.no_grad()
 def evaluate(model, eval_loader, accelerator: Accelerator) -> dict:
-    """MLM loss / accuracy / perplexity and NSP accuracy over the whole held-out split.
+    """MLM loss / accuracy / perplexity, and NSP accuracy when the model has NSP, over the held-out split.
 
     Each process scores its shard; `gather_for_metrics` collects per-example counts from
     all processes and drops the examples Accelerate repeated to even out the shards.
     """
     model.eval()
+    unwrapped = accelerator.unwrap_model(model)  # the encoder and heads by name (BERT's: .bert, .cls)
     totals = torch.zeros(5, dtype=torch.float64, device=accelerator.device)
+    has_nsp = False
     for batch in eval_loader:
-        outputs = model(**batch)
         labels = batch["labels"]
-        logits = outputs.prediction_logits.float()  # (B, S, V)
-        masked = labels != -100  # (B, S)
-        token_loss = F.cross_entropy(logits.transpose(1, 2), labels, ignore_index=-100, reduction="none")  # (B, S)
+        has_nsp = "next_sentence_label" in batch
+        inputs = {name: batch[name] for name in ("input_ids", "attention_mask", "token_type_ids")}
+        with accelerator.autocast():
+            encoded = unwrapped.bert(**inputs)
+            masked = labels != IGNORE_INDEX  # (B, S)
+            # The MLM head only where a label is: (N, V) scores instead of (B, S, V).
+            logits = unwrapped.cls.predictions(encoded.last_hidden_state[masked]).float()  # (N, V)
+            nsp_logits = unwrapped.cls.seq_relationship(encoded.pooler_output) if has_nsp else None  # (B, 2)
+        row = torch.nonzero(masked)[:, 0]  # (N,) the example each scored token belongs to
+        token_loss = F.cross_entropy(logits, labels[masked], reduction="none")  # (N,)
+        hits = (logits.argmax(dim=-1) == labels[masked]).double()  # (N,)
+        zeros = torch.zeros(labels.shape[0], dtype=torch.float64, device=labels.device)  # (B,)
+        nsp_correct = (nsp_logits.argmax(dim=-1) == batch["next_sentence_label"]).double() if has_nsp else zeros
         per_example = torch.stack(
             [
-                token_loss.sum(dim=1).double(),
+                zeros.index_add(0, row, token_loss.double()),
                 masked.sum(dim=1).double(),
-                ((logits.argmax(dim=-1) == labels) & masked).sum(dim=1).double(),
-                (outputs.seq_relationship_logits.argmax(dim=-1) == batch["next_sentence_label"]).double(),
-                torch.ones_like(labels[:, 0], dtype=torch.float64),
+                zeros.index_add(0, row, hits),
+                nsp_correct,
+                torch.ones_like(zeros),
             ],
             dim=1,
         )  # (B, 5)
@@ -396,14 +475,16 @@ def evaluate(model, eval_loader, accelerator: Accelerator) -> dict:
     model.train()
     loss_sum, n_masked, n_correct, nsp_correct, n_examples = totals.tolist()
     mlm_loss = loss_sum / max(n_masked, 1.0)
-    return {
+    metrics = {
         "mlm_loss": mlm_loss,
         "mlm_accuracy": n_correct / max(n_masked, 1.0),
-        "nsp_accuracy": nsp_correct / max(n_examples, 1.0),
         "perplexity": math.exp(min(mlm_loss, 50.0)),
         "eval_examples": int(n_examples),
         "eval_masked_tokens": int(n_masked),
     }
+    if has_nsp:
+        metrics["nsp_accuracy"] = nsp_correct / max(n_examples, 1.0)
+    return metrics
 
 
 # ---------------------------------------------------------------------------------------------
@@ -452,8 +533,11 @@ class PretrainResult:
     seconds: float
 
 
-def pretrain(config: PretrainConfig, model_class=None, config_class=None) -> PretrainResult:
-    """Run (or resume) pretraining as `config` says; see the module docstring."""
+def pretrain(config: PretrainConfig, model_class=None, config_class=None, timer=time.perf_counter) -> PretrainResult:
+    """Run (or resume) pretraining as `config` says; see the module docstring.
+
+    `timer` is the clock a `--time-budget` is measured on (tests pass one of their own).
+    """
     started, cpu_started = time.perf_counter(), time.process_time()
     output_dir = Path(config.output_dir)
     accelerator = build_accelerator(config)
@@ -490,19 +574,25 @@ def pretrain(config: PretrainConfig, model_class=None, config_class=None) -> Pre
         betas=(config.adam_beta1, config.adam_beta2),
         eps=config.adam_epsilon,
     )
-    warmup_steps = max(1, round(config.warmup_ratio * config.max_steps))
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_then_linear_decay(config.max_steps, warmup_steps))
+    if config.time_budget is not None:
+        budget_schedule = TimeBudgetSchedule(60.0 * config.time_budget, config.warmup_ratio)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, budget_schedule)
+    else:
+        budget_schedule = None
+        warmup_steps = max(1, round(config.warmup_ratio * config.max_steps))
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_then_linear_decay(config.max_steps, warmup_steps))
     model, optimizer, train_loader, eval_loader, scheduler = accelerator.prepare(
         model, optimizer, train_loader, eval_loader, scheduler
     )
 
-    step, epoch, batches_in_epoch, tokens_seen = 0, 0, 0, 0
+    step, epoch, batches_in_epoch, tokens_seen, training_seconds = 0, 0, 0, 0, 0.0
     if config.resume and resume_state is None:
         accelerator.print(f"--resume: no checkpoint in {output_dir} yet, so training starts at step 0")
     if resume_state is not None:
         ckpt.load_checkpoint(accelerator, resume_state["path"])
         step, epoch = resume_state["step"], resume_state["epoch"]
         batches_in_epoch, tokens_seen = resume_state["batches_in_epoch"], resume_state.get("tokens_seen", 0)
+        training_seconds = resume_state.get("training_seconds", 0.0)
         accelerator.print(f"resuming from {resume_state['path']} (step {step}, epoch {epoch})")
         saved_processes = resume_state.get("num_processes", accelerator.num_processes)
         if saved_processes != accelerator.num_processes:
@@ -521,20 +611,36 @@ def pretrain(config: PretrainConfig, model_class=None, config_class=None) -> Pre
             "parameters": sum(p.numel() for p in model.parameters()), "vocab_size": len(tokenizer),
         }
     )  # fmt: skip
+    examples_per_step = config.batch_size * config.gradient_accumulation_steps * accelerator.num_processes
+    if config.time_budget is None:
+        length = f"{config.max_steps} steps"
+    else:
+        length = f"{config.time_budget:g} minutes" + (f" (at most {config.max_steps} steps)" if config.max_steps else "")
     accelerator.print(
         f"pretraining a {config.preset} BERT (L={config.num_hidden_layers}, H={config.hidden_size}, "
-        f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, vocabulary {len(tokenizer)}) on "
-        f"{len(train_dataset)} sentence pairs ({len(eval_dataset)} held out), {accelerator.num_processes} process(es), "
-        f"{config.max_steps} steps of {config.batch_size * config.gradient_accumulation_steps * accelerator.num_processes} examples"
+        f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, vocabulary {len(tokenizer)}) with the "
+        f"{config.recipe} recipe ({'MLM + NSP' if config.nsp else 'MLM'} on {config.packing}, "
+        f"{config.mlm_probability:.0%} masking, learning rate {config.learning_rate:g}) on {len(train_dataset)} examples "
+        f"({len(eval_dataset)} held out), {accelerator.num_processes} process(es), "
+        + f"{length} of {examples_per_step} examples"
     )
 
-    progress = _progress_bar(config, accelerator, step)
+    clock = TrainingClock(training_seconds, timer)
+    progress = _progress_bar(config, accelerator, step, training_seconds)
     window = {"loss": torch.zeros((), device=accelerator.device), "batches": 0, "tokens": 0, "start": time.perf_counter()}
     last_saved = resume_state["path"] if resume_state is not None else None
     eval_metrics: dict = {}
     model.train()
+
+    def out_of_time() -> bool:
+        return config.time_budget is not None and training_seconds >= 60.0 * config.time_budget
+
+    def done() -> bool:
+        return (config.max_steps is not None and step >= config.max_steps) or out_of_time()
+
+    clock.start()
     try:
-        while step < config.max_steps:
+        while not done():
             train_collate.epoch = epoch
             train_loader.set_epoch(epoch)
             loader = accelerator.skip_first_batches(train_loader, batches_in_epoch) if batches_in_epoch else train_loader
@@ -553,27 +659,35 @@ def pretrain(config: PretrainConfig, model_class=None, config_class=None) -> Pre
                 window["tokens"] += batch["attention_mask"].sum()  # a tensor: no device sync per step
                 if not accelerator.sync_gradients:
                     continue
+                before = training_seconds
+                training_seconds = _synchronized_seconds(accelerator, clock) if config.time_budget is not None else clock.seconds()
+                if budget_schedule is not None:
+                    budget_schedule.elapsed = training_seconds
                 scheduler.step()
                 step += 1
-                progress.update(1)
-                if step % config.log_every == 0 or step == config.max_steps:
+                progress.update(training_seconds - before if config.time_budget is not None else 1)
+                if step % config.log_every == 0 or done():
                     record = _train_record(accelerator, window, step, epoch, scheduler)
                     tokens_seen += record.pop("tokens")
-                    record["tokens_seen"] = tokens_seen
+                    record.update(tokens_seen=tokens_seen, training_seconds=training_seconds)
                     log.write(record)
-                    progress.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_second']:.0f}")
-                if config.eval_every and step % config.eval_every == 0 and step < config.max_steps:
+                    progress.set_postfix(step=step, loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_second']:.0f}")
+                if config.eval_every and step % config.eval_every == 0 and not done():
+                    clock.pause()
                     eval_metrics = evaluate(model, eval_loader, accelerator)
-                    log.write({"type": "eval", "step": step, **eval_metrics})
+                    log.write({"type": "eval", "step": step, "training_seconds": training_seconds, **eval_metrics})
+                    clock.start()
                     window["start"] = time.perf_counter()
                 if config.save_every and step % config.save_every == 0:
+                    clock.pause()
                     state = {"step": step, "epoch": epoch, "batches_in_epoch": batches_in_epoch,
-                             "tokens_seen": tokens_seen, "num_processes": accelerator.num_processes,
-                             "model_vocab_size": vocab_size,
+                             "tokens_seen": tokens_seen, "training_seconds": training_seconds,
+                             "num_processes": accelerator.num_processes, "model_vocab_size": vocab_size,
                              "config": config.to_dict()}  # fmt: skip
                     last_saved = str(save_checkpoint(accelerator, output_dir, step, state, config.keep_last))
+                    clock.start()
                     window["start"] = time.perf_counter()  # throughput counts training time only
-                if step >= config.max_steps:
+                if done():
                     break
             else:  # the epoch ran out before max_steps: start the next one
                 epoch += 1
@@ -583,15 +697,18 @@ def pretrain(config: PretrainConfig, model_class=None, config_class=None) -> Pre
         where = f"the last checkpoint is {last_saved}; `--resume` continues from it" if last_saved else "no checkpoint was written yet"
         accelerator.print(f"interrupted at step {step}: {where}.")
         raise
+    clock.pause()
     progress.close()
+    if out_of_time():
+        accelerator.print(f"the time budget of {config.time_budget:g} minutes is spent after {step} steps")
 
     eval_metrics = evaluate(model, eval_loader, accelerator)
-    log.write({"type": "eval", "step": step, **eval_metrics})
+    log.write({"type": "eval", "step": step, "training_seconds": training_seconds, **eval_metrics})
     checksums = accelerator.gather(torch.tensor([weight_checksum(model)], dtype=torch.float64, device=accelerator.device))
     save_final_model(accelerator, model, tokenizer, output_dir)
     log.write(
         {
-            "type": "final", "step": step, "epoch": epoch, "tokens_seen": tokens_seen,
+            "type": "final", "step": step, "epoch": epoch, "tokens_seen": tokens_seen, "training_seconds": training_seconds,
             "seconds": time.perf_counter() - started, "cpu_seconds": time.process_time() - cpu_started,
             "weight_checksums": checksums.tolist(), **eval_metrics,
         }
@@ -600,9 +717,10 @@ def pretrain(config: PretrainConfig, model_class=None, config_class=None) -> Pre
         from scratchbert.training.plotting import plot_training_curves, read_log
 
         plot_training_curves(read_log(output_dir / LOG_FILE), output_dir / CURVES_FILE, title=f"{config.preset} BERT")
+    nsp = f", NSP accuracy {eval_metrics['nsp_accuracy']:.3f}" if "nsp_accuracy" in eval_metrics else ""
     accelerator.print(
-        f"done in {time.perf_counter() - started:.0f}s: held-out MLM accuracy {eval_metrics['mlm_accuracy']:.3f} "
-        f"(perplexity {eval_metrics['perplexity']:.1f}), NSP accuracy {eval_metrics['nsp_accuracy']:.3f}; "
+        f"done in {time.perf_counter() - started:.0f}s ({training_seconds:.0f}s of training): held-out MLM accuracy "
+        f"{eval_metrics['mlm_accuracy']:.3f} (perplexity {eval_metrics['perplexity']:.1f}){nsp}; "
         f"model and tokenizer saved in {output_dir}"
     )
     accelerator.wait_for_everyone()
@@ -615,17 +733,26 @@ def save_checkpoint(accelerator, output_dir, step, state, keep_last):
     return ckpt.save_checkpoint(accelerator, output_dir, step, state, keep_last)
 
 
-def _progress_bar(config: PretrainConfig, accelerator: Accelerator, step: int):
+def _progress_bar(config: PretrainConfig, accelerator: Accelerator, step: int, training_seconds: float):
+    """Steps out of max_steps; with a time budget, seconds of training out of the budget."""
     from tqdm.auto import tqdm
 
+    timed = config.time_budget is not None
     return tqdm(
-        total=config.max_steps,
-        initial=step,
+        total=60.0 * config.time_budget if timed else config.max_steps,
+        initial=training_seconds if timed else step,
         desc="pretrain",
-        unit="step",
+        unit="s" if timed else "step",
+        bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f}s [{elapsed}<{remaining}{postfix}]" if timed else None,
         disable=not (accelerator.is_local_main_process and config.progress_bar),
         dynamic_ncols=True,
     )
+
+
+def _synchronized_seconds(accelerator: Accelerator, clock: TrainingClock) -> float:
+    """The training time of the slowest process: every process then agrees on the learning rate and on when to stop."""
+    seconds = torch.tensor([clock.seconds()], dtype=torch.float64, device=accelerator.device)
+    return accelerator.reduce(seconds, reduction="max").item() if accelerator.num_processes > 1 else seconds.item()
 
 
 def _train_record(accelerator: Accelerator, window: dict, step: int, epoch: int, scheduler) -> dict:
@@ -677,7 +804,7 @@ def save_final_model(accelerator: Accelerator, model, tokenizer, output_dir: Pat
 # ---------------------------------------------------------------------------------------------
 # 8. Showing what the model learned
 # ---------------------------------------------------------------------------------------------
-def fill_mask_predictions(model_dir: str | Path, sentences, top_k: int = 3) -> list[tuple[str, list[tuple[str, float]]]]:
+def fill_mask_predictions(model_dir: str | Path, sentences, top_k: int = 5) -> list[tuple[str, list[tuple[str, float]]]]:
     """Top-k fill-mask predictions of the saved model, loaded back through `pipeline("fill-mask")`."""
     from transformers import pipeline
     from transformers.utils import logging as transformers_logging
@@ -704,7 +831,7 @@ def fill_mask_predictions(model_dir: str | Path, sentences, top_k: int = 3) -> l
 
 
 def print_fill_mask(model_dir: str | Path, sentences) -> None:
-    print("\nwhat the model fills in (top 3, loaded back with pipeline('fill-mask')):")
+    print("\nwhat the model fills in (top 5, loaded back with pipeline('fill-mask')):")
     for sentence, predictions in fill_mask_predictions(model_dir, sentences):
         guesses = ", ".join(f"{token} ({score:.2f})" for token, score in predictions)
         print(f"  {sentence}\n      -> {guesses}")
