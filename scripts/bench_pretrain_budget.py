@@ -45,13 +45,15 @@ IMDB = REPO.parent / "shared" / "data" / "imdb"
 
 
 def cpu_name() -> str:
+    """The CPU's model name, family and its bf16/AMX units, from /proc/cpuinfo (Linux)."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+        info = dict(line.split(":", 1) for line in Path("/proc/cpuinfo").read_text().splitlines() if ":" in line)
     except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
+        return platform.processor() or "unknown CPU"
+    info = {key.strip(): value.strip() for key, value in info.items()}
+    flags = set(info.get("flags", "").split())
+    units = [name for name in ("avx512_bf16", "amx_bf16") if name in flags] or ["no bf16 units"]
+    return f"{info.get('model name', 'unknown CPU')} (family {info.get('cpu family', '?')}, {', '.join(units)})"
 
 
 def write_review_text(source: Path, target: Path) -> int:
@@ -77,7 +79,7 @@ def pretrain_scratchbert(args, text_file: Path, tokenizer_dir: Path, out: Path) 
     config = PretrainConfig(
         preset=args.preset, train_files=[str(text_file)], tokenizer=str(tokenizer_dir), max_seq_length=args.max_seq_length,
         batch_size=args.batch_size, time_budget=args.minutes, mixed_precision=args.mixed_precision, output_dir=str(out),
-        eval_every=0, save_every=0, report_to="none", overwrite=True, seed=args.seed,
+        eval_every=200, save_every=0, report_to="none", overwrite=True, seed=args.seed,  # evaluations do not count against the budget
     )  # fmt: skip
     pretrain(config)
     final = [r for r in read_log(out / "train_log.jsonl") if r["type"] == "final"][-1]
@@ -122,16 +124,17 @@ def pretrain_transformers(args, texts: list[str], tokenizer, out: Path) -> dict:
     budget = 60.0 * args.minutes
 
     class Clock(TrainerCallback):
-        """Stops at the budget; records when training started and how many steps it made."""
+        """Stops at the budget; records when training started, when each step ended and how many it made."""
 
         def __init__(self, stop_at: float | None):
-            self.stop_at, self.started, self.steps = stop_at, None, 0
+            self.stop_at, self.started, self.steps, self.step_ends = stop_at, None, 0, []
 
         def on_train_begin(self, *_, **__):
             self.started = time.perf_counter()
 
         def on_step_end(self, _args, state, control, **__):
             self.steps = state.global_step
+            self.step_ends.append(time.perf_counter())
             if self.stop_at is not None and time.perf_counter() - self.started >= self.stop_at:
                 control.should_training_stop = True
 
@@ -147,9 +150,10 @@ def pretrain_transformers(args, texts: list[str], tokenizer, out: Path) -> dict:
     # Calibrate: time a few steps on a throwaway copy of the weights, then size the schedule to the budget.
     initial = {k: v.clone() for k, v in model.state_dict().items()}
     probe = Clock(None)
-    started = time.perf_counter()
     trainer(args.calibration_steps, probe).train()
-    seconds_per_step = (time.perf_counter() - started) / args.calibration_steps
+    # The first steps are slow (allocations, autocast's first casts): time the ones after them.
+    settled = probe.step_ends[len(probe.step_ends) // 4 :]
+    seconds_per_step = (settled[-1] - settled[0]) / (len(settled) - 1)
     model.load_state_dict(initial)
     max_steps = max(1, int(budget / seconds_per_step))
     print(f"(d) transformers: {seconds_per_step:.3f} s/step in calibration -> max_steps {max_steps} for {args.minutes:g} minutes")
@@ -250,7 +254,8 @@ def main() -> None:
     parser.add_argument("--finetune-lr", type=float, default=1e-4)
     parser.add_argument("--seeds", type=int, default=3, help="fine-tuning runs per row (each on another labelled subset)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--calibration-steps", type=int, default=20)
+    parser.add_argument("--calibration-steps", type=int, default=20, help="timed steps of (d) before its run, to size its schedule")
+    parser.add_argument("--reuse", action="store_true", help="keep the tokenizer and the finished pretraining runs already in --out")
     parser.add_argument("--skip", nargs="*", default=[], choices=["a", "b", "c", "d"], help="rows to leave out")
     parser.add_argument("--out", default="runs/bench-pretrain-budget")
     args = parser.parse_args()
@@ -273,20 +278,37 @@ def main() -> None:
     else:
         print(f"pretraining text: {write_review_text(imdb / 'train.jsonl.gz', text_file)} training reviews")
     texts = [t for t in text_file.read_text(encoding="utf-8").split("\n\n") if t.strip()]
-    tokenizer = train_tokenizer(texts, vocab_size=args.vocab_size, model_max_length=512, show_progress=False)
-    tokenizer.save_pretrained(out / "tokenizer")
+    if args.reuse and (out / "tokenizer").is_dir():
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(out / "tokenizer")
+    else:
+        tokenizer = train_tokenizer(texts, vocab_size=args.vocab_size, model_max_length=512, show_progress=False)
+        tokenizer.save_pretrained(out / "tokenizer")
     data = labelled_files(imdb, out, args.test_reviews, args.validation_reviews, args.seed)
     with gzip.open(imdb / "test.jsonl.gz", "rt", encoding="utf-8") as f:
         mlm_texts = [json.loads(line)["text"] for _, line in zip(range(args.mlm_eval_reviews), f)]
 
     rows: dict[str, dict] = {}
     if "a" not in args.skip:
-        rows["a"] = {"name": "(a) scratchbert pretrain", "dir": out / "a", **pretrain_scratchbert(args, text_file, out / "tokenizer", out / "a")}
+        if args.reuse and (out / "a" / "model.safetensors").is_file():
+            from scratchbert.training.plotting import read_log
+
+            final = [r for r in read_log(out / "a" / "train_log.jsonl") if r["type"] == "final"][-1]
+            stats = {"steps": final["step"], "tokens": final["tokens_seen"], "seconds": final["training_seconds"]}
+        else:
+            stats = pretrain_scratchbert(args, text_file, out / "tokenizer", out / "a")
+        rows["a"] = {"name": "(a) scratchbert pretrain", "dir": out / "a", **stats}
     if "b" not in args.skip:
         save_random_init(args, tokenizer, out / "b")
         rows["b"] = {"name": "(b) random init", "dir": out / "b"}
     if "d" not in args.skip:
-        rows["d"] = {"name": "(d) transformers run_mlm recipe", "dir": out / "d", **pretrain_transformers(args, texts, tokenizer, out / "d")}
+        if args.reuse and (out / "d" / "stats.json").is_file():
+            stats = json.loads((out / "d" / "stats.json").read_text())
+        else:
+            stats = pretrain_transformers(args, texts, tokenizer, out / "d")
+            (out / "d" / "stats.json").write_text(json.dumps(stats) + "\n")
+        rows["d"] = {"name": "(d) transformers run_mlm recipe", "dir": out / "d", **stats}
     for key in ("a", "d"):
         if key in rows:
             rows[key]["mlm_accuracy"] = held_out_mlm_accuracy(rows[key]["dir"], tokenizer, mlm_texts, args.max_seq_length)

@@ -45,8 +45,10 @@ from scratchbert.training.finetune import (
     label_names_of,
     load_sequence_classifier,
     make_trainer,
+    head_and_tail,
     span_metrics,
     token_classification_metrics,
+    tokenize_splits,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -151,6 +153,24 @@ def test_token_and_span_metrics_skip_ignored_positions():
     start, end = np.eye(5)[[1, 2]], np.eye(5)[[3, 2]]  # predicted spans (1, 3) and (2, 2)
     metrics = span_metrics(EvalPrediction((start, end), (np.array([1, 2]), np.array([3, 4]))))
     assert metrics == {"exact_match": 0.5, "start_accuracy": 1.0, "end_accuracy": 0.5}
+
+
+def test_head_and_tail_truncation_keeps_the_start_and_the_end(tokenizer):
+    assert head_and_tail(list(range(10)), 20) == list(range(10))  # short texts are kept whole
+    assert head_and_tail(list(range(100)), 8) == [0, 1, 94, 95, 96, 97, 98, 99]  # a quarter from the start
+    text = " ".join(FILLERS)  # 24 words, one token each
+    splits = DatasetDict({"train": Dataset.from_dict({"text": [text, "good"], "labels": [0, 1]})})
+    kept = tokenize_splits(splits, tokenizer, "text", None, max_length=10, truncation="head+tail")["train"]
+    ids = tokenizer.convert_ids_to_tokens(kept[0]["input_ids"])
+    assert ids == ["[CLS]", "w0", "w1", "w18", "w19", "w20", "w21", "w22", "w23", "[SEP]"]
+    assert kept[0]["token_type_ids"] == [0] * 10 and kept[0]["attention_mask"] == [1] * 10
+    assert tokenizer.convert_ids_to_tokens(kept[1]["input_ids"]) == ["[CLS]", "good", "[SEP]"]
+    head = tokenize_splits(splits, tokenizer, "text", None, max_length=10)["train"]
+    assert tokenizer.convert_ids_to_tokens(head[0]["input_ids"]) == ["[CLS]"] + FILLERS[:8] + ["[SEP]"]
+    with pytest.raises(ValueError, match="head\\+tail truncation cuts single texts"):
+        tokenize_splits(splits, tokenizer, "text", "text", max_length=10, truncation="head+tail")
+    with pytest.raises(ValueError, match="truncation='tail'"):
+        tokenize_splits(splits, tokenizer, "text", None, max_length=10, truncation="tail")
 
 
 def test_label_names_from_strings_integers_and_class_labels():

@@ -2,9 +2,9 @@
 that a budgeted run stops, anneals and resumes on its own clock.
 
 Runs here are tiny models (hidden 32) on a synthetic corpus with learnable structure: every
-sentence is a stretch of one fixed cycle of words, so a masked word follows from its
-neighbours, while always guessing the most frequent token (the "unigram plateau" a stuck
-pretraining run sits on) scores about 1 in 10.
+document keeps to one topic of three words, so the context of a masked word narrows it down to
+three, while always guessing the most frequent token (the "unigram plateau" a stuck pretraining
+run sits on) scores about 1 in 11.
 """
 
 from __future__ import annotations
@@ -25,7 +25,12 @@ from scratchbert.training.config import RECIPES, PretrainConfig, add_config_argu
 from scratchbert.training.data import build_packed_dataset, pack_token_stream, tokenize_documents
 from scratchbert.training.pretrain import LOG_FILE, TimeBudgetSchedule, TrainingClock, pretrain
 
-CYCLE = "red green blue black white brown pink gray gold cyan teal navy lime plum rose sand".split()
+# Ten topics of three words each: a document keeps to one topic, so the words around a mask
+# tell which three words it can be, while the corpus-wide most frequent token is "." (1 in 11).
+TOPICS = [words.split() for words in (
+    "red green blue", "cat dog horse", "oak pine elm", "salt sugar flour", "rain snow wind",
+    "iron gold copper", "piano violin flute", "bread cheese butter", "north south east", "tennis golf chess",
+)]  # fmt: skip
 
 TINY = {
     "hidden_size": 32,
@@ -50,32 +55,30 @@ def fresh_accelerator_state():
     AcceleratorState._reset_state(reset_partial_state=True)
 
 
-def cycle_documents(count: int, seed: int = 0) -> list[str]:
-    """Documents of 6 sentences; each sentence is 6 consecutive words of CYCLE from a random start."""
+def topic_documents(count: int, seed: int = 0) -> list[str]:
+    """Documents of 6 sentences of 10 words, every word drawn from the document's one topic."""
     rng = random.Random(seed)
     documents = []
     for _ in range(count):
-        sentences = []
-        for _ in range(6):
-            start = rng.randrange(len(CYCLE))
-            sentences.append(" ".join(CYCLE[(start + i) % len(CYCLE)] for i in range(6)) + ".")
+        topic = rng.choice(TOPICS)
+        sentences = [" ".join(rng.choice(topic) for _ in range(10)) + "." for _ in range(6)]
         documents.append(" ".join(sentences))
     return documents
 
 
 @pytest.fixture(scope="module")
-def cycle_corpus(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("cycle") / "cycle.txt"
-    path.write_text("\n\n".join(cycle_documents(120)) + "\n", encoding="utf-8")
+def topic_corpus(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("topics") / "topics.txt"
+    path.write_text("\n\n".join(topic_documents(300)) + "\n", encoding="utf-8")
     return path
 
 
 @pytest.fixture(scope="module")
-def cycle_tokenizer(tmp_path_factory, cycle_corpus) -> Path:
+def topic_tokenizer(tmp_path_factory, topic_corpus) -> Path:
     from scratchbert.tokenization import train_tokenizer
 
-    path = tmp_path_factory.mktemp("cycle-tokenizer")
-    train_tokenizer([str(cycle_corpus)], vocab_size=200, show_progress=False).save_pretrained(path)
+    path = tmp_path_factory.mktemp("topic-tokenizer")
+    train_tokenizer([str(topic_corpus)], vocab_size=200, show_progress=False).save_pretrained(path)
     return path
 
 
@@ -103,7 +106,7 @@ def test_recipes_set_their_options_and_flags_win():
     packed = PretrainConfig()
     assert packed.recipe == "packed"
     assert (packed.nsp, packed.packing, packed.mlm_probability) == (False, "full-sentences", 0.3)
-    assert (packed.hidden_dropout_prob, packed.attention_probs_dropout_prob, packed.learning_rate) == (0.0, 0.0, 2e-3)
+    assert (packed.hidden_dropout_prob, packed.attention_probs_dropout_prob, packed.learning_rate) == (0.0, 0.0, 5e-4)
     paper = PretrainConfig(recipe="paper")
     assert (paper.nsp, paper.packing, paper.mlm_probability) == (True, "sentence-pairs", 0.15)
     assert (paper.hidden_dropout_prob, paper.learning_rate, paper.warmup_ratio) == (0.1, 1e-4, 0.01)
@@ -159,11 +162,11 @@ def test_pack_token_stream_cuts_full_blocks_and_marks_document_boundaries():
     assert pack_token_stream(documents, block_length=100, separator_id=0) == []  # the partial tail is dropped
 
 
-def test_packed_examples_are_full_length_text_in_order(cycle_tokenizer):
+def test_packed_examples_are_full_length_text_in_order(topic_tokenizer):
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(cycle_tokenizer)
-    documents = cycle_documents(10)
+    tokenizer = AutoTokenizer.from_pretrained(topic_tokenizer)
+    documents = topic_documents(10)
     examples = build_packed_dataset(documents, tokenizer, max_seq_length=16)
     stream = [t for doc in tokenize_documents(documents, tokenizer)["sentences"] for s in doc for t in s]
     assert len(examples) > 10
@@ -181,18 +184,20 @@ def test_packed_examples_are_full_length_text_in_order(cycle_tokenizer):
 
 
 @pytest.mark.parametrize("recipe", ["packed", "paper"])
-def test_short_pretraining_climbs_clearly_above_the_unigram_baseline(recipe, cycle_corpus, cycle_tokenizer, tmp_path):
-    """A run stuck on the unigram plateau would score about the baseline; each recipe must learn the cycle.
+def test_short_pretraining_climbs_clearly_above_the_unigram_baseline(recipe, topic_corpus, topic_tokenizer, tmp_path):
+    """A run stuck on the unigram plateau would score about the baseline; each recipe must learn the topics.
 
-    The paper recipe's learning rate (1e-4) is set for a million steps; a 120-step test gives
-    both recipes the packed recipe's peak rate, everything else is the recipe's own.
+    The recipes' learning rates are set for models of real size; a 600-step test of a model of
+    hidden size 32 gives both recipes one higher rate, everything else is the recipe's own.
+    (Measured: 0.31 for packed, 0.42 for paper, which also predicts the "." ending each pair's
+    segments; the ceiling is about 0.4, one word out of three plus the dots.)
     """
     output_dir = tmp_path / recipe
-    pretrain(run_config(output_dir, cycle_corpus, cycle_tokenizer, recipe=recipe, max_steps=120, learning_rate=2e-3))
+    pretrain(run_config(output_dir, topic_corpus, topic_tokenizer, recipe=recipe, max_steps=600, learning_rate=5e-3))
     final = read_log(output_dir)[-1]
-    baseline = unigram_accuracy(cycle_corpus, cycle_tokenizer)
-    assert baseline < 0.2
-    assert final["mlm_accuracy"] > baseline + 0.3, (final["mlm_accuracy"], baseline)
+    baseline = unigram_accuracy(topic_corpus, topic_tokenizer)
+    assert baseline < 0.15
+    assert final["mlm_accuracy"] > baseline + 0.15, (final["mlm_accuracy"], baseline)
     saved = json.loads((output_dir / "config.json").read_text())
     if recipe == "paper":
         assert saved["architectures"] == ["ScratchBertForPreTraining"] and "nsp_accuracy" in final
@@ -258,24 +263,24 @@ def test_budget_schedule_and_clock():
     assert clock.seconds() == 12.0
 
 
-def test_time_budget_stops_at_the_budget_with_the_schedule_on_elapsed_time(cycle_corpus, cycle_tokenizer, tmp_path):
+def test_time_budget_stops_at_the_budget_with_the_schedule_on_elapsed_time(topic_corpus, topic_tokenizer, tmp_path):
     output_dir = tmp_path / "budget"
-    budget_run(run_config(output_dir, cycle_corpus, cycle_tokenizer, time_budget=0.5, eval_every=10, log_every=1), FakeTime())
+    budget_run(run_config(output_dir, topic_corpus, topic_tokenizer, time_budget=0.5, eval_every=10, log_every=1), FakeTime())
     records = read_log(output_dir)
     train = [r for r in records if r["type"] == "train"]
     assert [r["step"] for r in train] == list(range(1, 31))  # 30 one-second steps fill half a minute
     assert [r["training_seconds"] for r in train] == [float(s) for s in range(1, 31)]  # evaluations did not count
     warmup = RECIPES["packed"]["warmup_ratio"] * 30
-    expected = [2e-3 * (min(s / warmup, 1.0) if s < warmup else (30 - s) / (30 - warmup)) for s in range(1, 31)]
+    expected = [5e-4 * (min(s / warmup, 1.0) if s < warmup else (30 - s) / (30 - warmup)) for s in range(1, 31)]
     assert [r["learning_rate"] for r in train] == pytest.approx(expected)
     assert train[-1]["learning_rate"] == 0.0  # annealed to zero exactly at the budget
     assert records[-1]["type"] == "final" and records[-1]["training_seconds"] == 30.0
     assert (output_dir / "model.safetensors").is_file()
 
 
-def test_time_budget_with_max_steps_stops_at_whichever_comes_first(cycle_corpus, cycle_tokenizer, tmp_path):
+def test_time_budget_with_max_steps_stops_at_whichever_comes_first(topic_corpus, topic_tokenizer, tmp_path):
     output_dir = tmp_path / "steps-first"
-    budget_run(run_config(output_dir, cycle_corpus, cycle_tokenizer, time_budget=1.0, max_steps=12), FakeTime())
+    budget_run(run_config(output_dir, topic_corpus, topic_tokenizer, time_budget=1.0, max_steps=12), FakeTime())
     assert read_log(output_dir)[-1]["step"] == 12
 
 
@@ -283,10 +288,10 @@ class Preempted(Exception):
     pass
 
 
-def test_budgeted_run_resumes_on_the_same_schedule(cycle_corpus, cycle_tokenizer, tmp_path, monkeypatch):
+def test_budgeted_run_resumes_on_the_same_schedule(topic_corpus, topic_tokenizer, tmp_path, monkeypatch):
     options = {"time_budget": 0.4, "save_every": 8, "log_every": 1}
     reference = tmp_path / "reference"
-    budget_run(run_config(reference, cycle_corpus, cycle_tokenizer, **options), FakeTime())
+    budget_run(run_config(reference, topic_corpus, topic_tokenizer, **options), FakeTime())
 
     AcceleratorState._reset_state(reset_partial_state=True)
     interrupted = tmp_path / "interrupted"
@@ -300,15 +305,27 @@ def test_budgeted_run_resumes_on_the_same_schedule(cycle_corpus, cycle_tokenizer
 
     monkeypatch.setattr(pretrain_module, "save_checkpoint", save_then_die)
     with pytest.raises(Preempted):
-        budget_run(run_config(interrupted, cycle_corpus, cycle_tokenizer, **options), FakeTime())
+        budget_run(run_config(interrupted, topic_corpus, topic_tokenizer, **options), FakeTime())
     monkeypatch.undo()
     assert ckpt.read_trainer_state(ckpt.latest_checkpoint(interrupted))["training_seconds"] == 16.0
 
     AcceleratorState._reset_state(reset_partial_state=True)
-    budget_run(run_config(interrupted, cycle_corpus, cycle_tokenizer, resume=True, **options), FakeTime())
+    budget_run(run_config(interrupted, topic_corpus, topic_tokenizer, resume=True, **options), FakeTime())
     rows = lambda d: [(r["step"], r["learning_rate"], r["loss"], r["training_seconds"]) for r in read_log(d) if r["type"] == "train"]  # noqa: E731
     assert rows(interrupted) == rows(reference)  # same steps, same schedule, same losses: one run
     from safetensors.torch import load_file
 
     expected, resumed = load_file(reference / "model.safetensors"), load_file(interrupted / "model.safetensors")
     assert all(torch.equal(expected[name], resumed[name]) for name in expected)
+
+
+def test_a_configuration_saved_before_recipes_loads_as_what_it_trained(tmp_path):
+    """Runs saved by earlier versions (MLM + NSP on pairs, no recipe field) keep loading and resuming."""
+    old = PretrainConfig(recipe="paper", learning_rate=2e-3, warmup_ratio=0.1).to_dict()
+    for name in ("recipe", "nsp", "packing", "time_budget"):
+        old.pop(name)
+    (tmp_path / "pretrain_config.json").write_text(json.dumps(old))
+    loaded = PretrainConfig.from_file(tmp_path / "pretrain_config.json")
+    assert (loaded.recipe, loaded.nsp, loaded.packing, loaded.mlm_probability, loaded.learning_rate) == ("paper", True, "sentence-pairs", 0.15, 2e-3)
+    assert ckpt.config_differences(old, loaded.to_dict()) == []
+    assert ckpt.config_differences(old, PretrainConfig(learning_rate=2e-3, warmup_ratio=0.1).to_dict())  # the packed recipe is another run

@@ -31,6 +31,8 @@ import re
 import shutil
 from pathlib import Path
 
+from scratchbert.training.config import upgrade_saved_config
+
 CHECKPOINTS = "checkpoints"
 STATE_FILE = "trainer_state.json"
 TMP_PREFIX = ".tmp-"
@@ -165,6 +167,7 @@ def read_trainer_state(path: str | Path) -> dict:
 
 def config_differences(saved: dict, current: dict) -> list[str]:
     """Options whose change would make a resumed run differ from the run that wrote the checkpoint."""
+    saved = upgrade_saved_config(saved)
     names = sorted((set(saved) | set(current)) - RESUMABLE_CHANGES)
     return [
         f"{name}: checkpoint {saved.get(name)!r}, now {current.get(name)!r}"

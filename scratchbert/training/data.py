@@ -13,6 +13,8 @@ The pipeline, one function per step:
     tokenize_documents(documents, tokenizer)               -> Dataset["sentences"]: token ids per sentence
     build_pretraining_dataset(documents, tokenizer, ...)   -> Dataset[input_ids, token_type_ids,
                                                               attention_mask, next_sentence_label]
+    build_packed_dataset(documents, tokenizer, ...)        -> Dataset[input_ids, token_type_ids, attention_mask]:
+                                                              contiguous text, no pairs (MLM without NSP)
 
 `build_pretraining_dataset` runs the last two steps. Tokenization does not depend on
 the seed, so a training loop can tokenize once and re-pair every epoch with

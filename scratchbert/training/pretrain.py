@@ -1,4 +1,4 @@
-"""Pretrain BERT from scratch with masked-language-model and next-sentence-prediction losses.
+"""Pretrain BERT from scratch: masked-language modelling, with next-sentence prediction in the paper's recipe.
 
 One loop, the same on a laptop core or a cluster, written with Hugging Face Accelerate:
 
@@ -9,9 +9,12 @@ One loop, the same on a laptop core or a cluster, written with Hugging Face Acce
 What happens, in order (each step is a function below):
   1. `PretrainConfig` (file + flags) -> an `Accelerator` (mixed precision, gradient accumulation).
   2. The tokenizer: loaded, or trained on the training text and saved into the run.
-  3. Documents -> NSP sentence pairs (`datasets`, under `main_process_first`); a held-out split.
-  4. A `ScratchBertForPreTraining` of the preset's geometry, AdamW (no decay on biases and
-     LayerNorm), linear warmup then linear decay.
+  3. Documents -> examples (`datasets`, under `main_process_first`); a held-out split. The
+     recipe (config.RECIPES) decides what they are: contiguous text packed to full length
+     (`packed`, the default) or NSP sentence pairs (`paper`).
+  4. A `ScratchBertForMaskedLM` (or, with NSP, `ScratchBertForPreTraining`) of the preset's
+     geometry, AdamW (no decay on biases and LayerNorm), linear warmup then linear decay,
+     over steps or, with `--time-budget`, over elapsed training time.
   5. The loop: `accumulate` / `backward` / clip / step; logs, evaluation every N steps
      (`gather_for_metrics`), atomic checkpoints every N steps; `--resume` continues exactly.
   6. The end: `save_pretrained` of model and tokenizer (loadable with the Auto classes and
@@ -871,7 +874,7 @@ def _is_main_process() -> bool:
 def add_cli(subparsers) -> None:
     parser = subparsers.add_parser(
         "pretrain",
-        help="pretrain BERT (MLM + NSP) from scratch; with no arguments, a tiny model on the embedded corpus",
+        help="pretrain BERT from scratch (recipe packed: MLM on packed text; paper: MLM + NSP); with no arguments, a tiny model on the embedded corpus",
         description=__doc__.split("\n\n")[0],
     )
     _add_arguments(parser)
