@@ -60,14 +60,7 @@ def plot_loss_comparison(curves: dict[str, tuple[list[int], list[float]]], path:
     for (label, (steps, losses)), style in zip(curves.items(), ("-", "--", ":", "-.")):
         axis.plot(steps, losses, style, label=label)
     axis.set(xlabel="optimizer step", ylabel="training loss", title=title)
-    axis.grid(alpha=0.3)
-    axis.legend()
-    figure.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return path
+    return _finish(figure, [axis], path)
 
 
 def plot_eval_curves(
@@ -92,8 +85,16 @@ def plot_eval_curves(
     if baseline is not None:
         axis.axhline(baseline, color="grey", linestyle=":", linewidth=1, label="unigram plateau")
     axis.set(xlabel="minutes of training" if x == "minutes" else "optimizer step", ylabel=f"held-out {metric.replace('_', ' ')}", title=title)
-    axis.grid(alpha=0.3)
-    axis.legend()
+    return _finish(figure, [axis], path)
+
+
+def _finish(figure, axes, path: str | Path) -> Path:
+    """Grid and legend on every axis, then write the figure as a PNG (creating its folder) and close it."""
+    import matplotlib.pyplot as plt
+
+    for axis in axes:
+        axis.grid(alpha=0.3)
+        axis.legend()
     figure.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
