@@ -62,3 +62,13 @@ def tiny_bert_config(**overrides) -> ScratchBertConfig:
     )
     fields.update(overrides)
     return ScratchBertConfig(**fields)
+
+
+@pytest.fixture
+def fresh_accelerator_state():
+    """Accelerate keeps process-wide state; a test that runs a training loop in-process starts from none."""
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    yield
+    AcceleratorState._reset_state(reset_partial_state=True)

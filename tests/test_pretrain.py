@@ -47,12 +47,8 @@ TINY = {
 }
 
 
-@pytest.fixture(autouse=True)
-def fresh_accelerator_state():
-    """Accelerate keeps process-wide state; each in-process run starts from none."""
-    AcceleratorState._reset_state(reset_partial_state=True)
-    yield
-    AcceleratorState._reset_state(reset_partial_state=True)
+# Accelerate keeps process-wide state; each in-process run here starts from none (conftest.py).
+pytestmark = pytest.mark.usefixtures("fresh_accelerator_state")
 
 
 @pytest.fixture(scope="module")

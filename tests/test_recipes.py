@@ -48,11 +48,8 @@ TINY = {
 }
 
 
-@pytest.fixture(autouse=True)
-def fresh_accelerator_state():
-    AcceleratorState._reset_state(reset_partial_state=True)
-    yield
-    AcceleratorState._reset_state(reset_partial_state=True)
+# Accelerate keeps process-wide state; each in-process run here starts from none (conftest.py).
+pytestmark = pytest.mark.usefixtures("fresh_accelerator_state")
 
 
 def topic_documents(count: int, seed: int = 0) -> list[str]:
