@@ -2,39 +2,30 @@
 
 How fast a CPU runs a matrix multiply depends on which instructions it has and which kernel
 oneDNN (bf16) or MKL (fp32) picks for the shape, and that differs between CPUs. This project
-has been measured on three kinds of 2-core machine, and they disagree (`python
-scripts/bench_gemm.py` and `python scripts/bench.py` show which behaviour a machine has):
+has been measured on three kinds of CPU, and they disagree, so each choice below applies only
+on the kind of CPU where it measured faster:
 
 - **With AMX** (Intel; `amx_bf16` in `torch.cpu.get_capabilities()`; oneDNN runs bf16 GEMMs on
-  AMX tiles, ~1.9 TFLOP/s on two cores): a bf16 `F.linear` with 768 outputs, bert-base's hidden
-  size, runs at about half its usual throughput when its input has between roughly 700 and 1500
-  rows. (M, 768) @ (768, 768): 1.2 TFLOP/s at 640 rows, 0.7 from 768 to 1472, 1.3-1.5 from 1536
-  on; (M, 3072) @ (3072, 768) drops the same way from 704 to 1,280 rows. There, two threads do
-  worse than one: oneDNN's split of the work between them, not the arithmetic, is at fault.
-  Multiplying those rows in chunks of at most 640 puts every call back in the fast range (the
-  encoder in bf16 ran 10-14% faster on 1,024- and 1,205-row batches). Stacking the query, key and
-  value weights into one (3H, H) GEMM also paid there: 254 -> 230 ms on a bf16 8 x 128 batch.
-- **With AVX-512 BF16, no AMX** (AMD EPYC Zen 4, ~0.7 TFLOP/s bf16 on two cores): bf16
-  throughput is flat from 256 to 2,048 rows for every shape, so splitting rows only costs (5-8%
-  per call), and three separate Q/K/V GEMMs ran as fast as or faster than the stacked one (2-5%,
-  which also pays a weight concatenation per call). Attention over short sequences (L <= 128)
-  ran faster as two batched GEMMs around a softmax than through
-  `F.scaled_dot_product_attention`'s flash kernel (8 x 12 heads x 128 tokens, bf16: 3.7 vs 5.8
-  ms); from 512 tokens on, SDPA is faster.
+  AMX tiles): a bf16 `F.linear` with 768 outputs, bert-base's hidden size, slows down when its
+  input has between roughly 700 and 1,500 rows (`SLOW_ROW_WINDOWS`). There the rows are
+  multiplied in chunks that fall outside the window (`linear_chunked`), and the query, key and
+  value weights run as one stacked (3H, H) GEMM (`stack_qkv`).
+- **With AVX-512 BF16, no AMX** (AMD EPYC Zen 4): bf16 throughput does not depend on the row
+  count, so nothing is split and Q, K and V stay three GEMMs. Attention over short sequences
+  (`BMM_ATTENTION_MAX_LENGTH`) runs as two batched GEMMs around a softmax (the model's
+  `bmm_attention`) instead of `F.scaled_dot_product_attention`.
 - **With no bf16 instructions at all** (AVX2 only, AMD EPYC Zen 3): torch's bf16 GEMM has no
-  hardware to run on and reaches 16-20 GFLOP/s at bert-base shapes, against 95-185 GFLOP/s for
-  fp32 on the same cores (6x slower); a bf16 `bmm` is 20-30x slower than SDPA, whose CPU kernel
-  computes in fp32 inside. So on such a CPU every bf16 linear layer runs on the fp32 kernel over
-  bf16 values (`linear_in_fp32`): inputs and weights rounded to bf16 exactly as a bf16 GEMM reads
-  them, products and sums in fp32 (as oneDNN's bf16 kernels accumulate), the output rounded to
-  bf16. The result is a bf16 GEMM's up to summation order, at fp32 speed: 8 x 128 tokens through
-  a (768, 3072) layer, 243 -> 30 ms (fp32 weights: 29 ms). Attention in bf16 stays in SDPA; in
-  fp32, two batched GEMMs win for short sequences here too (attention over 16 x 64 tokens: 2.9
-  vs 4.0 ms), but not at 128 tokens (see `BMM_ATTENTION_MAX_LENGTH`).
+  hardware to run on and is several times slower than fp32. So every bf16 linear layer runs on
+  the fp32 kernel over bf16 values (`linear_in_fp32`): inputs and weights rounded to bf16
+  exactly as a bf16 GEMM reads them, products and sums in fp32 (as oneDNN's bf16 kernels
+  accumulate), the output rounded to bf16 -- a bf16 GEMM's result up to summation order, at
+  fp32 speed. Attention in bf16 stays in SDPA, whose CPU kernel computes in fp32 inside; in
+  fp32, short sequences use the two batched GEMMs.
 
-Each choice below applies only where it was measured to help; set `AMX_BF16`, `BF16_UNITS` or
-`BMM_ATTENTION_MAX_LENGTH` by hand to try another one on a new machine. Every path computes the
-same dot products (results agree up to floating-point rounding).
+The measurements behind each choice, and the commands that reproduce them (`python
+scripts/bench_gemm.py`, `python scripts/bench.py`), are in docs/performance.md. Set `AMX_BF16`,
+`BF16_UNITS` or `BMM_ATTENTION_MAX_LENGTH` by hand to try another choice on a new machine. Every
+path computes the same dot products (results agree up to floating-point rounding).
 """
 
 from __future__ import annotations
