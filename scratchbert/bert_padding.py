@@ -25,6 +25,11 @@ call per sequence pays that fixed cost too often (it is large for short sequence
 CPU); one call for the whole batch padded to its longest sequence is the padded path again;
 torch's jagged nested tensors measured slower than dense SDPA on this project's CPU.
 
+Tracing. The plan is read from the mask's values on the host, so a tracer (torch.compile,
+torch.export, torch.jit.trace, ONNX export) would record this batch's plan as constants and
+replay it on every other batch. While one is recording (`is_tracing`), the model takes the
+padded path instead: plain attention with a (B, 1, 1, S) mask, right for any batch.
+
 Outputs at padded positions. The padded path computes a vector for every `[PAD]` position too
 (a pad query attends to the real keys of its row); the padding-free path does not compute them
 and returns zeros there. At real positions the two agree to float rounding (~1e-6 in fp32).
@@ -43,8 +48,6 @@ from typing import Callable
 import torch
 
 from .cpu_gemm import bf16_in_fp32
-
-IGNORE_INDEX = -100  # label value that contributes no loss (same as the modeling file's)
 
 # The fixed cost of one attention call, in units of attention work (one unit = one query-key
 # pair, all heads). 128**2 means: "starting a call costs about as much as attending over a
@@ -116,6 +119,18 @@ class PackedSequences:
         return self.real_positions.numel()
 
 
+def is_tracing() -> bool:
+    """Whether a tracer or compiler is recording the model rather than running it.
+
+    torch.compile and torch.export (which ONNX's dynamo exporter uses) report themselves through
+    `torch.compiler.is_compiling()`, torch.jit.trace and the TorchScript-based ONNX exporter
+    through `torch.jit.is_tracing()` and `torch.onnx.is_in_onnx_export()`. A recorded graph
+    keeps the operations, not Python's decisions on tensor values, so plans read from values
+    (`pack_sequences`) must not be made then.
+    """
+    return torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.onnx.is_in_onnx_export()
+
+
 def plan_buckets(lengths: list[int], token_cost: float, call_cost: float | None = None) -> list[list[int]]:
     """Group sequences for attention: lengths (B,) -> buckets, each a list of sequence indices.
 
@@ -185,7 +200,10 @@ def pack_sequences(
     call_cost: the fixed cost of an attention call for `plan_buckets` (default: `default_call_cost`
         of `dtype`, the dtype the layers compute in).
     Returns a `PackedSequences` (see its fields). One host sync reads the sequence lengths.
+    Eager only: under a tracer (`is_tracing`) the plan would be frozen into the graph.
     """
+    if is_tracing():
+        raise RuntimeError("pack_sequences plans from the mask's values and cannot be traced; trace the padded path.")
     batch, seq = attention_mask.shape
     device = attention_mask.device
     keep = attention_mask.bool()
@@ -276,15 +294,17 @@ def packed_attention(
     return outputs[0] if len(outputs) == 1 else torch.cat(outputs)  # (R, H)
 
 
-def labelled_tokens(hidden_states: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def labelled_tokens(
+    hidden_states: torch.Tensor, labels: torch.Tensor, ignore_index: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Sparse MLM prediction: keep only the positions that carry a label.
 
-    hidden_states (B, S, H), labels (B, S) with -100 = no label -> (N, H) and their labels (N,),
-    in row-major order. The MLM head then runs on N rows instead of B * S (about 15% of them in
-    BERT pretraining), and the mean cross-entropy over the N rows equals the dense one, which
-    ignores the -100 positions anyway.
+    hidden_states (B, S, H), labels (B, S) with `ignore_index` (the model's `IGNORE_INDEX`, -100)
+    = no label -> (N, H) and their labels (N,), in row-major order. The MLM head then runs on N
+    rows instead of B * S (about 15% of them in BERT pretraining), and the mean cross-entropy over
+    the N rows equals the dense one, which ignores those positions anyway.
     """
     labels = labels.to(hidden_states.device)
-    chosen = (labels != IGNORE_INDEX).reshape(-1).nonzero().squeeze(1)  # (N,)
+    chosen = (labels != ignore_index).reshape(-1).nonzero().squeeze(1)  # (N,)
     flat = hidden_states.reshape(-1, hidden_states.size(-1))  # (B * S, H)
     return flat.index_select(0, chosen), labels.reshape(-1).index_select(0, chosen)

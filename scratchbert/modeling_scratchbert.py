@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import pickle
 from dataclasses import dataclass
+from typing import TypedDict
 
 import torch
 import torch.nn.functional as F
@@ -40,9 +41,10 @@ from transformers.modeling_outputs import (
     SequenceClassifierOutput,
     TokenClassifierOutput,
 )
-from transformers.utils import ModelOutput
+from transformers.utils import ModelOutput, can_return_tuple
+from typing_extensions import Unpack
 
-from .bert_padding import PackedSequences, labelled_tokens, pack_sequences, packed_attention, pad, unpad
+from .bert_padding import PackedSequences, is_tracing, labelled_tokens, pack_sequences, packed_attention, pad, unpad
 from .configuration_scratchbert import ScratchBertConfig
 from .cpu_gemm import linear, stack_qkv, use_bmm_attention
 
@@ -87,6 +89,11 @@ class ScratchBertEmbeddings(nn.Module):
 # ---------------------------------------------------------------------------------------------
 # 2. The padding mask, built once per forward pass and shared by every layer.
 # ---------------------------------------------------------------------------------------------
+# What the layers receive as `mask`: the (B, 1, 1, S) additive bias on the padded path, a
+# `PackedSequences` on the padding-free path (`bert_padding.py`), or None when nothing is padded.
+AttentionMask = torch.Tensor | PackedSequences | None
+
+
 def additive_attention_mask(attention_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Turn a (B, S) keep-mask of 1s (real token) and 0s (padding) into a (B, 1, 1, S) bias.
 
@@ -134,9 +141,10 @@ def sdpa_attention(
     It cannot return the probabilities; `ScratchBertSelfAttention` switches to
     `eager_attention` for a call that asks for them. Shapes as in `eager_attention`. Like SDPA
     choosing among its own backends, short sequences on CPUs where it measured faster go through
-    `bmm_attention` instead (see `cpu_gemm.use_bmm_attention`).
+    `bmm_attention` instead (see `cpu_gemm.use_bmm_attention`); not in a traced call, whose
+    recorded graph must serve every length.
     """
-    if use_bmm_attention(query):
+    if not is_tracing() and use_bmm_attention(query):  # is_tracing first: no guard on the length
         return bmm_attention(query, key, value, mask, dropout_p), None
     context = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout_p)
     return context, None
@@ -220,7 +228,7 @@ class ScratchBertSelfAttention(nn.Module):
         return x.transpose(1, 2)  # (B, A, S, D)
 
     def forward(
-        self, hidden_states: torch.Tensor, mask: torch.Tensor | PackedSequences | None, output_attentions: bool = False
+        self, hidden_states: torch.Tensor, mask: AttentionMask, output_attentions: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         # The fused kernel cannot return probabilities: use the written-out math when asked.
         implementation = "eager" if output_attentions else self.config._attn_implementation
@@ -268,7 +276,7 @@ class ScratchBertAttention(nn.Module):
         self.output = ScratchBertAddNorm(config, config.hidden_size)
 
     def forward(
-        self, hidden_states: torch.Tensor, mask: torch.Tensor | None, output_attentions: bool = False
+        self, hidden_states: torch.Tensor, mask: AttentionMask, output_attentions: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         context, probs = self.self(hidden_states, mask, output_attentions)
         return self.output(context, hidden_states), probs
@@ -302,7 +310,7 @@ class ScratchBertLayer(nn.Module):
         self.output = ScratchBertAddNorm(config, config.intermediate_size)  # second half of the feed-forward
 
     def forward(
-        self, hidden_states: torch.Tensor, mask: torch.Tensor | None, output_attentions: bool = False
+        self, hidden_states: torch.Tensor, mask: AttentionMask, output_attentions: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         attended, probs = self.attention(hidden_states, mask, output_attentions)
         return self.output(self.intermediate(attended), attended), probs
@@ -332,7 +340,7 @@ class ScratchBertEncoder(nn.Module):
     def forward(
         self,
         hidden_states: torch.Tensor,
-        mask: torch.Tensor | None,
+        mask: AttentionMask,
         output_attentions: bool = False,
         output_hidden_states: bool = False,
     ) -> EncoderOutput:
@@ -537,6 +545,15 @@ class ScratchBertPreTrainedModel(PreTrainedModel):
 # ---------------------------------------------------------------------------------------------
 # 12. The bare encoder.
 # ---------------------------------------------------------------------------------------------
+def _values_checkable(tensor: torch.Tensor | None) -> bool:
+    """Whether reading `tensor`'s values costs nothing: a non-empty CPU tensor, run eagerly.
+
+    On a GPU, reading a value makes the host wait for the device (a sync); under a tracer
+    (`is_tracing`) it would freeze this batch's values into the recorded graph.
+    """
+    return tensor is not None and not is_tracing() and tensor.device.type == "cpu" and tensor.numel() > 0
+
+
 def check_inputs(
     config: ScratchBertConfig,
     input_ids: torch.Tensor | None,
@@ -545,7 +562,12 @@ def check_inputs(
     token_type_ids: torch.Tensor | None,
     position_ids: torch.Tensor | None,
 ) -> tuple[int, int]:
-    """Validate the inputs up front and return (B, S), so mistakes read as sentences, not torch index errors."""
+    """Validate the inputs up front and return (B, S), so mistakes read as sentences, not torch index errors.
+
+    Shapes are always checked (free). The ids' values are checked where that is free too
+    (`_values_checkable`: CPU tensors, run eagerly); elsewhere an id out of range fails in the
+    embedding lookup instead, as it does in transformers.
+    """
     if (input_ids is None) == (inputs_embeds is None):
         raise ValueError("Pass exactly one of input_ids or inputs_embeds.")
     shape = tuple(input_ids.shape) if input_ids is not None else tuple(inputs_embeds.shape[:-1])
@@ -557,7 +579,7 @@ def check_inputs(
             f"Sequence length {seq} is longer than max_position_embeddings={config.max_position_embeddings}; "
             f"truncate inputs (tokenizer(..., truncation=True, max_length={config.max_position_embeddings}))."
         )
-    if input_ids is not None and input_ids.numel() > 0:
+    if _values_checkable(input_ids):
         low, high = int(input_ids.min()), int(input_ids.max())
         if low < 0 or high >= config.vocab_size:
             raise ValueError(
@@ -570,14 +592,14 @@ def check_inputs(
     for name, tensor in (("attention_mask", attention_mask), ("token_type_ids", token_type_ids), ("position_ids", position_ids)):
         if tensor is not None and tuple(tensor.shape) != shape and not (name == "position_ids" and tuple(tensor.shape) == (1, seq)):
             raise ValueError(f"{name} has shape {tuple(tensor.shape)} but input_ids has shape {shape}; they must match.")
-    if token_type_ids is not None and token_type_ids.numel() > 0:
+    if _values_checkable(token_type_ids):
         high = int(token_type_ids.max())
         if high >= config.type_vocab_size or int(token_type_ids.min()) < 0:
             raise ValueError(
                 f"token_type_ids contain {high}, but type_vocab_size={config.type_vocab_size} allows ids 0.."
                 f"{config.type_vocab_size - 1} (0 for the first segment, 1 for the second)."
             )
-    if position_ids is not None and position_ids.numel() > 0 and int(position_ids.max()) >= config.max_position_embeddings:
+    if _values_checkable(position_ids) and int(position_ids.max()) >= config.max_position_embeddings:
         raise ValueError(f"position_ids reach {int(position_ids.max())}; max_position_embeddings={config.max_position_embeddings}.")
     return batch, seq
 
@@ -593,6 +615,13 @@ class ScratchBertModel(ScratchBertPreTrainedModel):
     the outputs at real positions are the padded computation's, and padded positions hold
     zeros. A call with output_attentions=True, or with `padding_free = False`, takes the
     padded path, which also computes a (meaningless) vector at every padded position.
+
+    Compiled, exported or traced (torch.compile, torch.export, torch.jit.trace, ONNX export;
+    `bert_padding.is_tracing`), every call takes the padded path, whatever `padding_free` says:
+    the packed layout and the all-real shortcut are decided from the mask's values on the host,
+    and a recorded graph would replay this batch's decisions on every other batch. The padded
+    graph holds no such decision, so one graph (compiled with dynamic shapes) serves every batch
+    size and length; its padded positions hold vectors, not zeros, as with `padding_free = False`.
     """
 
     def __init__(self, config: ScratchBertConfig, add_pooling_layer: bool = True):
@@ -611,6 +640,7 @@ class ScratchBertModel(ScratchBertPreTrainedModel):
         """Replace the word-embedding table with `value`, an `nn.Embedding(V', H)`."""
         self.embeddings.word_embeddings = value
 
+    @can_return_tuple
     def forward(
         self,
         input_ids: torch.Tensor | None = None,
@@ -620,7 +650,6 @@ class ScratchBertModel(ScratchBertPreTrainedModel):
         inputs_embeds: torch.Tensor | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
     ) -> BaseModelOutputWithPooling | tuple:
         """Encode a batch.
 
@@ -631,7 +660,7 @@ class ScratchBertModel(ScratchBertPreTrainedModel):
             position_ids: (B, S) or (1, S) (default: 0 .. S-1).
             output_attentions / output_hidden_states: also return every layer's
                 attention probabilities (B, A, S, S) / hidden states (B, S, H).
-            return_dict: False returns a plain tuple, as transformers does.
+            return_dict (keyword, taken by `@can_return_tuple`): False returns a plain tuple.
         Returns:
             `BaseModelOutputWithPooling`: last_hidden_state (B, S, H), pooler_output (B, H).
         """
@@ -647,13 +676,16 @@ class ScratchBertModel(ScratchBertPreTrainedModel):
             position_ids = torch.arange(seq, device=device)[None, :]  # (1, S): broadcasts over the batch
 
         # Build the mask once, in the dtype the attention scores will have (bf16/fp16 under autocast).
-        mask = None
-        if attention_mask is not None and not bool(attention_mask.all()):
+        # Skipping an all-ones mask and packing read the mask's values: a tracer would freeze this
+        # batch's answers into its graph, so a traced call always takes the padded path with the mask.
+        tracing = is_tracing()
+        mask: AttentionMask = None
+        if attention_mask is not None and (tracing or not bool(attention_mask.all())):
             if torch.is_autocast_enabled(device.type):
                 dtype = torch.get_autocast_dtype(device.type)
             else:
                 dtype = (inputs_embeds if inputs_embeds is not None else self.embeddings.word_embeddings.weight).dtype
-            if self.padding_free and not output_attentions:
+            if self.padding_free and not output_attentions and not tracing:
                 # Padding-free: each sequence's real tokens, packed into (R, H), attend among themselves.
                 mask = pack_sequences(attention_mask, self.config, lambda keep: additive_attention_mask(keep, dtype), dtype=dtype)
             else:
@@ -674,20 +706,27 @@ class ScratchBertModel(ScratchBertPreTrainedModel):
         sequence_output = encoded.last_hidden_state
         pooled_output = self.pooler(sequence_output) if self.pooler is not None else None
 
-        output = BaseModelOutputWithPooling(
+        return BaseModelOutputWithPooling(
             last_hidden_state=sequence_output,
             pooler_output=pooled_output,
             hidden_states=encoded.hidden_states,
             attentions=encoded.attentions,
         )
-        return output if return_dict is not False else output.to_tuple()
 
 
 # ---------------------------------------------------------------------------------------------
 # 13. Task models: the encoder plus one head each. They share the blocks above.
 # ---------------------------------------------------------------------------------------------
-def _finish(output: ModelOutput, return_dict: bool | None) -> ModelOutput | tuple:
-    return output if return_dict is not False else output.to_tuple()
+class EncoderOptions(TypedDict, total=False):
+    """What a task model's `forward` passes on to its encoder as it came (see `ScratchBertModel.forward`).
+
+    Each task model names the encoder's inputs and its own labels in `forward`, because `Trainer`
+    keeps the dataset columns `forward` names and finds the label columns there. `return_dict`
+    is taken by `@can_return_tuple` (transformers' decorator): False returns a plain tuple.
+    """
+
+    output_attentions: bool | None
+    output_hidden_states: bool | None
 
 
 class _MaskedLMMixin:
@@ -712,10 +751,11 @@ class _MaskedLMMixin:
 
         Training with labels: sparse prediction (`bert_padding.labelled_tokens`), the head runs only
         at the N labelled positions -> logits (N, V), labels (N,); the loss is the dense one's.
-        Otherwise (eval, inference, no labels): every position -> logits (B, S, V), labels as given.
+        Otherwise (eval, inference, no labels), and in a compiled or traced call, where N would be
+        read from the labels' values (`is_tracing`): every position -> logits (B, S, V), labels as given.
         """
-        if self.training and labels is not None:
-            hidden, labels = labelled_tokens(sequence_output, labels)  # (N, H), (N,)
+        if self.training and labels is not None and not is_tracing():
+            hidden, labels = labelled_tokens(sequence_output, labels, IGNORE_INDEX)  # (N, H), (N,)
         else:
             hidden = sequence_output
         return self.cls.predictions(hidden), labels
@@ -727,8 +767,8 @@ class ScratchBertForPreTrainingOutput(ModelOutput):
 
     loss: MLM loss + NSP loss (when both label sets are given), prediction_logits (B, S, V),
     seq_relationship_logits (B, 2), hidden_states and attentions as in `ScratchBertModel`.
-    In training mode with labels, prediction_logits holds only the labelled positions, (N, V),
-    in row-major order (`labels[labels != -100]` are their targets): see `mlm_logits`.
+    In training mode with labels (run eagerly), prediction_logits holds only the labelled positions,
+    (N, V), in row-major order (`labels[labels != -100]` are their targets): see `mlm_logits`.
     """
 
     loss: torch.Tensor | None = None
@@ -756,6 +796,7 @@ class ScratchBertForPreTraining(_MaskedLMMixin, ScratchBertPreTrainedModel):
         self.cls = ScratchBertPreTrainingHeads(config)
         self.post_init()
 
+    @can_return_tuple
     def forward(
         self,
         input_ids: torch.Tensor | None = None,
@@ -765,15 +806,11 @@ class ScratchBertForPreTraining(_MaskedLMMixin, ScratchBertPreTrainedModel):
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
         next_sentence_label: torch.Tensor | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
+        **kwargs: Unpack[EncoderOptions],
     ) -> ScratchBertForPreTrainingOutput | tuple:
         """Inputs as in `ScratchBertModel.forward`; labels (B, S) are the original ids at masked
         positions (-100 elsewhere), next_sentence_label (B,) is 0 for IsNext and 1 for NotNext."""
-        encoded = self.bert(
-            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, output_attentions, output_hidden_states
-        )
+        encoded = self.bert(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, return_dict=True, **kwargs)
         prediction_logits, mlm_labels = self.mlm_logits(encoded.last_hidden_state, labels)  # (B, S, V) or (N, V)
         seq_relationship_logits = self.cls.seq_relationship(encoded.pooler_output)  # (B, 2)
 
@@ -785,15 +822,12 @@ class ScratchBertForPreTraining(_MaskedLMMixin, ScratchBertPreTrainedModel):
                 "ScratchBertForPreTraining needs both labels (MLM) and next_sentence_label (NSP) for a loss; "
                 "use ScratchBertForMaskedLM or ScratchBertForNextSentencePrediction to train one task alone."
             )
-        return _finish(
-            ScratchBertForPreTrainingOutput(
-                loss=loss,
-                prediction_logits=prediction_logits,
-                seq_relationship_logits=seq_relationship_logits,
-                hidden_states=encoded.hidden_states,
-                attentions=encoded.attentions,
-            ),
-            return_dict,
+        return ScratchBertForPreTrainingOutput(
+            loss=loss,
+            prediction_logits=prediction_logits,
+            seq_relationship_logits=seq_relationship_logits,
+            hidden_states=encoded.hidden_states,
+            attentions=encoded.attentions,
         )
 
 
@@ -812,6 +846,7 @@ class ScratchBertForMaskedLM(_MaskedLMMixin, ScratchBertPreTrainedModel):
         self.cls = ScratchBertPreTrainingHeads(config, nsp=False)
         self.post_init()
 
+    @can_return_tuple
     def forward(
         self,
         input_ids: torch.Tensor | None = None,
@@ -820,22 +855,15 @@ class ScratchBertForMaskedLM(_MaskedLMMixin, ScratchBertPreTrainedModel):
         position_ids: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
         num_items_in_batch: int | torch.Tensor | None = None,
+        **kwargs: Unpack[EncoderOptions],
     ) -> MaskedLMOutput | tuple:
         """Inputs as in `ScratchBertModel.forward`; labels (B, S): original ids at masked positions,
         -100 elsewhere; num_items_in_batch: labelled tokens of the whole accumulated batch (Trainer)."""
-        encoded = self.bert(
-            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, output_attentions, output_hidden_states
-        )
+        encoded = self.bert(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, return_dict=True, **kwargs)
         logits, mlm_labels = self.mlm_logits(encoded.last_hidden_state, labels)  # (B, S, V) or (N, V)
         loss = cross_entropy(logits, mlm_labels, num_items_in_batch) if labels is not None else None
-        return _finish(
-            MaskedLMOutput(loss=loss, logits=logits, hidden_states=encoded.hidden_states, attentions=encoded.attentions),
-            return_dict,
-        )
+        return MaskedLMOutput(loss=loss, logits=logits, hidden_states=encoded.hidden_states, attentions=encoded.attentions)
 
 
 class ScratchBertForNextSentencePrediction(ScratchBertPreTrainedModel):
@@ -849,6 +877,7 @@ class ScratchBertForNextSentencePrediction(ScratchBertPreTrainedModel):
         self.cls = ScratchBertPreTrainingHeads(config, mlm=False)
         self.post_init()
 
+    @can_return_tuple
     def forward(
         self,
         input_ids: torch.Tensor | None = None,
@@ -857,20 +886,13 @@ class ScratchBertForNextSentencePrediction(ScratchBertPreTrainedModel):
         position_ids: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
+        **kwargs: Unpack[EncoderOptions],
     ) -> NextSentencePredictorOutput | tuple:
         """Inputs as in `ScratchBertModel.forward`; labels (B,): 0 if B follows A, 1 if B is random."""
-        encoded = self.bert(
-            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, output_attentions, output_hidden_states
-        )
+        encoded = self.bert(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, return_dict=True, **kwargs)
         logits = self.cls.seq_relationship(encoded.pooler_output)  # (B, 2)
         loss = cross_entropy(logits, labels) if labels is not None else None
-        return _finish(
-            NextSentencePredictorOutput(loss=loss, logits=logits, hidden_states=encoded.hidden_states, attentions=encoded.attentions),
-            return_dict,
-        )
+        return NextSentencePredictorOutput(loss=loss, logits=logits, hidden_states=encoded.hidden_states, attentions=encoded.attentions)
 
 
 def classifier_dropout(config: ScratchBertConfig) -> nn.Dropout:
@@ -897,6 +919,7 @@ class ScratchBertForSequenceClassification(ScratchBertPreTrainedModel):
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
 
+    @can_return_tuple
     def forward(
         self,
         input_ids: torch.Tensor | None = None,
@@ -905,20 +928,13 @@ class ScratchBertForSequenceClassification(ScratchBertPreTrainedModel):
         position_ids: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
+        **kwargs: Unpack[EncoderOptions],
     ) -> SequenceClassifierOutput | tuple:
         """Inputs as in `ScratchBertModel.forward`; labels (B,) class ids or values, or (B, num_labels) multi-hot."""
-        encoded = self.bert(
-            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, output_attentions, output_hidden_states
-        )
+        encoded = self.bert(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, return_dict=True, **kwargs)
         logits = self.classifier(self.dropout(encoded.pooler_output))  # (B, num_labels)
         loss = sequence_classification_loss(logits, labels, self.config) if labels is not None else None
-        return _finish(
-            SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=encoded.hidden_states, attentions=encoded.attentions),
-            return_dict,
-        )
+        return SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=encoded.hidden_states, attentions=encoded.attentions)
 
 
 class ScratchBertForTokenClassification(ScratchBertPreTrainedModel):
@@ -937,6 +953,7 @@ class ScratchBertForTokenClassification(ScratchBertPreTrainedModel):
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
 
+    @can_return_tuple
     def forward(
         self,
         input_ids: torch.Tensor | None = None,
@@ -945,22 +962,15 @@ class ScratchBertForTokenClassification(ScratchBertPreTrainedModel):
         position_ids: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
         num_items_in_batch: int | torch.Tensor | None = None,
+        **kwargs: Unpack[EncoderOptions],
     ) -> TokenClassifierOutput | tuple:
         """Inputs as in `ScratchBertModel.forward`; labels (B, S): a class per token, -100 where none
         (padding, special tokens, word continuations); num_items_in_batch as in `ScratchBertForMaskedLM`."""
-        encoded = self.bert(
-            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, output_attentions, output_hidden_states
-        )
+        encoded = self.bert(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, return_dict=True, **kwargs)
         logits = self.classifier(self.dropout(encoded.last_hidden_state))  # (B, S, num_labels)
         loss = cross_entropy(logits, labels, num_items_in_batch) if labels is not None else None
-        return _finish(
-            TokenClassifierOutput(loss=loss, logits=logits, hidden_states=encoded.hidden_states, attentions=encoded.attentions),
-            return_dict,
-        )
+        return TokenClassifierOutput(loss=loss, logits=logits, hidden_states=encoded.hidden_states, attentions=encoded.attentions)
 
 
 def _span_targets(positions: torch.Tensor, seq: int) -> torch.Tensor:
@@ -988,6 +998,7 @@ class ScratchBertForQuestionAnswering(ScratchBertPreTrainedModel):
         self.qa_outputs = nn.Linear(config.hidden_size, 2)
         self.post_init()
 
+    @can_return_tuple
     def forward(
         self,
         input_ids: torch.Tensor | None = None,
@@ -997,15 +1008,11 @@ class ScratchBertForQuestionAnswering(ScratchBertPreTrainedModel):
         inputs_embeds: torch.Tensor | None = None,
         start_positions: torch.Tensor | None = None,
         end_positions: torch.Tensor | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
+        **kwargs: Unpack[EncoderOptions],
     ) -> QuestionAnsweringModelOutput | tuple:
         """Inputs as in `ScratchBertModel.forward`; start_positions, end_positions (B,): the answer
         span's first and last token; a position >= S (answer outside the window) is ignored."""
-        encoded = self.bert(
-            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, output_attentions, output_hidden_states
-        )
+        encoded = self.bert(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, return_dict=True, **kwargs)
         logits = self.qa_outputs(encoded.last_hidden_state)  # (B, S, 2)
         start_logits, end_logits = (t.squeeze(-1).contiguous() for t in logits.split(1, dim=-1))  # (B, S) each
 
@@ -1015,15 +1022,12 @@ class ScratchBertForQuestionAnswering(ScratchBertPreTrainedModel):
             start_loss = cross_entropy(start_logits, _span_targets(start_positions, seq))
             end_loss = cross_entropy(end_logits, _span_targets(end_positions, seq))
             loss = (start_loss + end_loss) / 2
-        return _finish(
-            QuestionAnsweringModelOutput(
-                loss=loss,
-                start_logits=start_logits,
-                end_logits=end_logits,
-                hidden_states=encoded.hidden_states,
-                attentions=encoded.attentions,
-            ),
-            return_dict,
+        return QuestionAnsweringModelOutput(
+            loss=loss,
+            start_logits=start_logits,
+            end_logits=end_logits,
+            hidden_states=encoded.hidden_states,
+            attentions=encoded.attentions,
         )
 
 
@@ -1047,6 +1051,7 @@ class ScratchBertForMultipleChoice(ScratchBertPreTrainedModel):
         self.classifier = nn.Linear(config.hidden_size, 1)
         self.post_init()
 
+    @can_return_tuple
     def forward(
         self,
         input_ids: torch.Tensor | None = None,
@@ -1055,31 +1060,19 @@ class ScratchBertForMultipleChoice(ScratchBertPreTrainedModel):
         position_ids: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
+        **kwargs: Unpack[EncoderOptions],
     ) -> MultipleChoiceModelOutput | tuple:
         """Inputs as in `ScratchBertModel.forward` with a choice axis: (B, C, S); labels (B,) the right choice."""
         reference = input_ids if input_ids is not None else inputs_embeds
         if reference is None or reference.dim() < 3:
             raise ValueError("ScratchBertForMultipleChoice takes input_ids of shape (batch, num_choices, sequence).")
         num_choices = reference.size(1)
-        encoded = self.bert(
-            _fold_choices(input_ids),
-            _fold_choices(attention_mask),
-            _fold_choices(token_type_ids),
-            _fold_choices(position_ids),
-            _fold_choices(inputs_embeds),
-            output_attentions,
-            output_hidden_states,
-        )
+        folded = (_fold_choices(t) for t in (input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds))  # (B * C, S)
+        encoded = self.bert(*folded, return_dict=True, **kwargs)
         scores = self.classifier(self.dropout(encoded.pooler_output))  # (B * C, 1)
         logits = scores.view(-1, num_choices)  # (B, C)
         loss = cross_entropy(logits, labels) if labels is not None else None
-        return _finish(
-            MultipleChoiceModelOutput(loss=loss, logits=logits, hidden_states=encoded.hidden_states, attentions=encoded.attentions),
-            return_dict,
-        )
+        return MultipleChoiceModelOutput(loss=loss, logits=logits, hidden_states=encoded.hidden_states, attentions=encoded.attentions)
 
 
 __all__ = [

@@ -91,6 +91,36 @@ def test_every_head_returns_shapes_and_a_finite_loss(model_class, label_kinds, s
         assert all(p.grad is not None for p in model.parameters() if p.requires_grad and p.grad is not None)
 
 
+@pytest.mark.parametrize("model_class,label_kinds,shapes", HEAD_CASES, ids=lambda x: getattr(x, "__name__", ""))
+def test_return_dict_false_or_config_return_dict_false_gives_the_tuple(model_class, label_kinds, shapes, batch):
+    model = model_class(tiny_config()).eval()
+    labels = {k: _labels(v, batch) for k, v in label_kinds.items()}
+    expected = model(**batch, **labels, output_hidden_states=True).to_tuple()  # loss first, then the outputs
+    by_argument = model(**batch, **labels, output_hidden_states=True, return_dict=False)
+    model.config.return_dict = False  # the configuration's switch, which transformers' BERT honours too
+    by_config = model(**batch, **labels, output_hidden_states=True)
+    for got in (by_argument, by_config):
+        assert type(got) is tuple
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    assert type(model(**batch, return_dict=True)) is not tuple  # an explicit True overrides the config
+
+
+def test_trainer_finds_every_heads_label_columns():
+    from transformers.utils import find_labels
+
+    expected = {
+        ScratchBertForPreTraining: ["labels", "next_sentence_label"],
+        ScratchBertForQuestionAnswering: ["start_positions", "end_positions"],
+        ScratchBertForMaskedLM: ["labels"],
+        ScratchBertForNextSentencePrediction: ["labels"],
+        ScratchBertForSequenceClassification: ["labels"],
+        ScratchBertForTokenClassification: ["labels"],
+        ScratchBertForMultipleChoice: ["labels"],
+    }
+    for model_class, labels in expected.items():
+        assert find_labels(model_class) == labels, model_class.__name__
+
+
 def test_multiple_choice_folds_choices_into_the_batch(batch):
     model = ScratchBertForMultipleChoice(tiny_config()).eval()
     choices = {k: torch.stack([v, v.flip(0)], dim=1) for k, v in batch.items()}  # (B, C=2, S)

@@ -320,7 +320,7 @@ def mlm_batch(seed=0):
 def test_labelled_tokens_picks_the_labelled_rows_in_order():
     hidden = torch.randn(2, 4, 3)
     labels = torch.tensor([[-100, 7, -100, 8], [9, -100, -100, -100]])
-    rows, targets = labelled_tokens(hidden, labels)
+    rows, targets = labelled_tokens(hidden, labels, ignore_index=-100)
     assert targets.tolist() == [7, 8, 9]
     assert torch.equal(rows, torch.stack([hidden[0, 1], hidden[0, 3], hidden[1, 0]]))
 
