@@ -1,5 +1,5 @@
 import sys
 
-from scratchbert.cli import main
+from scratchbert.commands import main
 
 sys.exit(main())

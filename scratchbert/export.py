@@ -8,7 +8,6 @@ needs no scratchbert at all.
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 from pathlib import Path
@@ -16,6 +15,8 @@ from pathlib import Path
 from transformers import BertConfig
 
 from scratchbert.configuration_scratchbert import ScratchBertConfig
+from scratchbert.errors import ScratchBertError
+from scratchbert.weights import BIN_INDEX, SAFETENSORS_INDEX, check_weights, weight_files
 
 # Configuration keys that only scratchbert (or its remote-code loading) uses.
 _SCRATCHBERT_ONLY_KEYS = ("auto_map", "model_type", "architectures", "transformers_version")
@@ -32,10 +33,9 @@ def export_to_transformers_bert(checkpoint_dir: str | Path, out_dir: str | Path)
     src, out = Path(checkpoint_dir), Path(out_dir)
     if not (src / "config.json").is_file():
         raise FileNotFoundError(f"{src} holds no config.json: pass the directory a scratchbert model was saved to.")
-    weights = sorted(src.glob("*.safetensors")) + sorted(src.glob("*.bin")) + sorted(src.glob("*.index.json"))
-    weights = [w for w in weights if w.name != "training_args.bin"]
-    if not weights:
-        raise FileNotFoundError(f"{src} holds no model weights (model.safetensors or pytorch_model.bin).")
+    names = check_weights(src)  # every weight file reads whole, or one line says which does not
+    weights = weight_files(src)
+    weights += [src / index for index in (SAFETENSORS_INDEX, BIN_INDEX) if (src / index).is_file()]
     if out.resolve() == src.resolve():
         raise ValueError("The export directory must differ from the checkpoint directory.")
 
@@ -49,7 +49,16 @@ def export_to_transformers_bert(checkpoint_dir: str | Path, out_dir: str | Path)
     for path in weights:
         shutil.copyfile(path, out / path.name)
     _export_tokenizer(src, out)
+    _verify_export(out, names)
     return out
+
+
+def _verify_export(out: Path, names: list[str]) -> None:
+    """Read back what was written: a BERT config, and weights that read whole with the same tensors."""
+    BertConfig.from_pretrained(out)
+    written = check_weights(out)
+    if sorted(written) != sorted(names):
+        raise ScratchBertError(f"the weights written to {out} do not hold the checkpoint's tensors; the disk may be full. Export again.")
 
 
 def _export_tokenizer(src: Path, out: Path) -> None:
@@ -70,17 +79,6 @@ def _export_tokenizer(src: Path, out: Path) -> None:
         model_max_length=ours.model_max_length,
     )
     bert.save_pretrained(out)
-
-
-def add_cli(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "export-bert",
-        help="write a scratchbert checkpoint as a plain transformers BERT checkpoint",
-        description="Copy a scratchbert checkpoint to OUT as model_type 'bert', loadable by transformers' Bert* classes.",
-    )
-    parser.add_argument("checkpoint", help="directory of a saved scratchbert model")
-    parser.add_argument("out", help="directory to write the transformers BERT checkpoint to")
-    parser.set_defaults(func=lambda args: print(f"exported to {export_to_transformers_bert(args.checkpoint, args.out)}"))
 
 
 __all__ = ["export_to_transformers_bert"]

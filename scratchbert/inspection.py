@@ -10,12 +10,12 @@ Two questions a reader of the model code soon asks of a real checkpoint:
 
 Both load any BERT checkpoint folder: one saved by scratchbert, or a transformers BERT
 (`config.json` + weights), since scratchbert keeps BERT's parameter names. The command line
-(`scratchbert fill-mask`, `scratchbert attention-map`) is a thin layer over these functions.
+(`scratchbert fill-mask`, `scratchbert attention-map`, in `scratchbert/commands/`) is a thin
+layer over these functions.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import math
 from collections.abc import Iterator
@@ -24,11 +24,12 @@ from pathlib import Path
 import torch
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
-from transformers import AutoTokenizer, PreTrainedModel
+from transformers import PreTrainedModel
 from transformers.utils import logging as hf_logging
 
 from scratchbert.modeling_scratchbert import ScratchBertForMaskedLM, ScratchBertModel
-from scratchbert.tokenization import MASK_TOKEN, tokenizer_from_vocab
+from scratchbert.tokenization import MASK_TOKEN, load_tokenizer
+from scratchbert.weights import check_weights
 
 DEFAULT_TOP_K = 5
 # Heatmap sizing: a panel grows with the number of tokens so their labels stay legible,
@@ -64,37 +65,8 @@ def _check_model_dir(model_dir: str | Path) -> Path:
         raise FileNotFoundError(f"no such model folder: {model_dir} (pass the folder a model was saved to with save_pretrained)")
     if not (model_dir / "config.json").is_file():
         raise FileNotFoundError(f"{model_dir} has no config.json: it is not a saved model folder (see save_pretrained).")
+    check_weights(model_dir)  # a truncated or corrupt weight file: one line, before transformers reads it
     return model_dir
-
-
-def _vocab_is_cased(vocab_file: Path) -> bool:
-    """True when the vocabulary holds upper-case tokens, i.e. it was built without lowercasing.
-
-    An uncased BERT vocabulary has no upper-case letters outside bracketed special tokens
-    such as `[CLS]`, so lowercasing its input loses nothing; a cased one needs the case kept.
-    """
-    with open(vocab_file, encoding="utf-8") as file:
-        return any(token != token.lower() and not token.startswith("[") for token in (line.rstrip("\n") for line in file))
-
-
-def load_tokenizer(model_dir: str | Path, max_length: int = 512):
-    """The tokenizer saved with a checkpoint.
-
-    A folder with a saved tokenizer (`tokenizer.json` or `tokenizer_config.json`) loads it
-    with `AutoTokenizer`, exactly as saved. A folder with only BERT's `vocab.txt` (older
-    checkpoints) gets scratchbert's WordPiece tokenizer built from it, lowercasing unless the
-    vocabulary itself holds upper-case tokens.
-    """
-    model_dir = Path(model_dir)
-    if (model_dir / "tokenizer.json").is_file() or (model_dir / "tokenizer_config.json").is_file():
-        return AutoTokenizer.from_pretrained(model_dir)
-    vocab_file = model_dir / "vocab.txt"
-    if vocab_file.is_file():
-        return tokenizer_from_vocab(vocab_file, lowercase=not _vocab_is_cased(vocab_file), model_max_length=max_length)
-    raise FileNotFoundError(
-        f"{model_dir} has no tokenizer (no tokenizer.json, tokenizer_config.json or vocab.txt): "
-        "save it next to the model with tokenizer.save_pretrained(folder)."
-    )
 
 
 def load_masked_lm(model_dir: str | Path) -> tuple[ScratchBertForMaskedLM, object]:
@@ -235,62 +207,3 @@ def save_figure(figure: Figure, out: str | Path) -> Path:
         raise FileNotFoundError(f"cannot write {out}: the folder {out.parent} does not exist; create it first.")
     figure.savefig(out, dpi=FIGURE_DPI)
     return out
-
-
-# --------------------------------------------------------------------------------------
-# Command line
-# --------------------------------------------------------------------------------------
-
-
-def _quiet_cli() -> None:
-    # The commands check the loaded weights themselves; transformers' load report would
-    # only bury their one line of output.
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-
-
-def run_fill_mask(args: argparse.Namespace) -> int:
-    _quiet_cli()
-    model, tokenizer = load_masked_lm(args.model)
-    predictions = fill_mask(model, tokenizer, args.text, args.top_k)
-    for number, ranked in enumerate(predictions, start=1):
-        print(f"{MASK_TOKEN} {number} of {len(predictions)}:")
-        width = max(len(token) for token, _ in ranked)
-        for rank, (token, probability) in enumerate(ranked, start=1):
-            print(f"  {rank:>2}. {token:<{width}}  {probability:.4f}")
-    return 0
-
-
-def run_attention_map(args: argparse.Namespace) -> int:
-    _quiet_cli()
-    model, tokenizer = load_encoder(args.model)
-    tokens, weights = attention_weights(model, tokenizer, args.text, args.layer)
-    layer = args.layer % model.config.num_hidden_layers
-    figure = plot_attention(tokens, weights, title=f"{args.model}: layer {layer} of 0-{model.config.num_hidden_layers - 1}")
-    out = save_figure(figure, args.out)
-    print(f"wrote {out}: layer {layer}, {weights.size(0)} heads, {len(tokens)} tokens")
-    return 0
-
-
-def add_cli(subparsers) -> None:
-    """Add `fill-mask` and `attention-map` to the `scratchbert` command line."""
-    fill = subparsers.add_parser(
-        "fill-mask",
-        help="predict the tokens hidden behind [MASK] with a pretrained checkpoint",
-        description="Print the most probable tokens, with their probabilities, at every [MASK] in TEXT.",
-    )
-    fill.add_argument("text", help='text containing [MASK], e.g. "the capital of france is [MASK]."')
-    fill.add_argument("--model", required=True, help="checkpoint folder with an MLM head (config.json, weights, tokenizer)")
-    fill.add_argument("--top-k", type=int, default=DEFAULT_TOP_K, help=f"predictions per [MASK] (default {DEFAULT_TOP_K})")
-    fill.set_defaults(func=run_fill_mask)
-
-    attention = subparsers.add_parser(
-        "attention-map",
-        help="draw every attention head of one layer as heatmaps",
-        description="Run TEXT through the checkpoint and draw each head's attention weights, tokens on both axes.",
-    )
-    attention.add_argument("text", help="text to run through the model")
-    attention.add_argument("--model", required=True, help="checkpoint folder (config.json, weights, tokenizer)")
-    attention.add_argument("--layer", type=int, default=-1, help="layer to draw, from 0; negative counts from the end (default -1, the last)")
-    attention.add_argument("--out", required=True, help="image file to write, e.g. attention.png")
-    attention.set_defaults(func=run_attention_map)

@@ -43,10 +43,8 @@ normalizer and casing, but transformers' own pair truncation and empty-pair hand
 
 from __future__ import annotations
 
-import argparse
-import gzip
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 from tokenizers import Encoding, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
@@ -54,6 +52,8 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast
 from transformers.tokenization_utils_base import BatchEncoding, PaddingStrategy, TruncationStrategy
 
 from scratchbert.configuration_scratchbert import ScratchBertConfig
+from scratchbert.ingestion import read_lines, text_batches
+from scratchbert.wordpiece_trainer import train_wordpiece_vocab
 
 PAD_TOKEN = "[PAD]"
 UNK_TOKEN = "[UNK]"
@@ -73,9 +73,6 @@ UNICODE_OTHER = r"[\p{C}&&[^\t\n\r]]"
 # A capital sigma after a cased letter and not followed (past case-ignorable characters)
 # by another: Python's `str.lower()` makes it the final form "ς" (Unicode's Final_Sigma).
 FINAL_CAPITAL_SIGMA = r"(?<=[\p{Lu}\p{Ll}\p{Lt}])Σ(?![\p{Mn}\p{Me}\p{Cf}\p{Lm}\p{Sk}'.:·\u0387\u2018\u2019\u2024\u2027]*[\p{Lu}\p{Ll}\p{Lt}])"
-# How many texts go to the Rust trainer at a time: large enough to keep it busy, small
-# enough that a corpus never has to fit in memory.
-TRAIN_BATCH_SIZE = 1000
 
 
 # --------------------------------------------------------------------------------------
@@ -416,70 +413,6 @@ def wrap_tokenizer(
 # --------------------------------------------------------------------------------------
 
 
-def read_text_file(path: str | os.PathLike) -> Iterator[str]:
-    """Yield the lines of a UTF-8 text file (`.gz` files are decompressed).
-
-    Raises FileNotFoundError for a missing file and ValueError naming the file for one
-    that is not UTF-8.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no such text file: {path}")
-    opener = gzip.open if path.suffix == ".gz" else open
-    line_number = 0
-    try:
-        with opener(path, "rt", encoding="utf-8") as file:
-            for line_number, line in enumerate(file, start=1):
-                yield line
-    except UnicodeDecodeError as err:
-        raise ValueError(
-            f"{path} is not UTF-8 text (near line {line_number + 1}: {err.reason}); convert it first, "
-            f"e.g. `iconv -f latin1 -t utf-8 {path.name}`."
-        ) from None
-
-
-def _is_path_list(texts) -> bool:
-    """True when `texts` names files: a path, or a list of paths/strings that all name files."""
-    if isinstance(texts, (str, os.PathLike)):
-        return True
-    if not isinstance(texts, (list, tuple)) or not texts:
-        return False
-    if all(isinstance(item, os.PathLike) for item in texts):
-        return True
-    # A list of strings is text, unless every one of them names an existing file.
-    return all(isinstance(item, str) and "\n" not in item and os.path.isfile(item) for item in texts)
-
-
-def iter_text_batches(texts, batch_size: int = TRAIN_BATCH_SIZE) -> Iterator[list[str]]:
-    """Stream `texts` as lists of at most `batch_size` strings.
-
-    `texts` may be one file path, a list of file paths, or any iterable whose items are
-    strings or lists of strings (e.g. a `datasets` column, or `batch["text"]` for each
-    batch of `Dataset.iter(batch_size=...)`). Nothing is held in memory beyond one batch.
-    """
-    if _is_path_list(texts):
-        paths = [texts] if isinstance(texts, (str, os.PathLike)) else list(texts)
-        for path in paths:  # fail on a missing file before training on the others
-            if not Path(path).is_file():
-                raise FileNotFoundError(f"no such text file: {path}")
-        items: Iterable = (line for path in paths for line in read_text_file(path))
-    elif isinstance(texts, (str, bytes)) or not isinstance(texts, Iterable):
-        raise ValueError(f"texts must be file paths or an iterable of strings, not {type(texts).__name__}.")
-    else:
-        items = texts
-    batch: list[str] = []
-    for item in items:
-        for piece in [item] if isinstance(item, str) else item:
-            if not isinstance(piece, str):
-                raise ValueError(f"texts must contain strings; found {type(piece).__name__}: {piece!r:.60}")
-            batch.append(piece)
-            if len(batch) == batch_size:
-                yield batch
-                batch = []
-    if batch:
-        yield batch
-
-
 def train_tokenizer(
     texts,
     vocab_size: int = 30522,
@@ -490,32 +423,61 @@ def train_tokenizer(
     clean_text: bool = True,
     model_max_length: int = 512,
     show_progress: bool = True,
+    deterministic: bool = True,
 ) -> ScratchBertTokenizer:
     """Learn a WordPiece vocabulary of `vocab_size` tokens from `texts` and return the tokenizer.
 
     Args:
-        texts: a file path, a list of file paths (UTF-8, one or more texts per line;
-            `.gz` is read too), or any iterable of strings or of lists of strings, streamed
-            in batches so the corpus need not fit in memory. A list of strings is read as
-            file paths only when every string names an existing file.
+        texts: a file path or glob, a list of them (UTF-8, one or more texts per line;
+            .gz/.bz2/.xz are read too), or any iterable of strings or of lists of strings,
+            streamed in batches so the corpus need not fit in memory (`ingestion.text_batches`).
+            A list of strings is read as file paths only when every string names an existing file.
         vocab_size: tokens in the final vocabulary, the five special tokens included.
         min_frequency: a pair of pieces seen fewer times is never merged.
         lowercase, strip_accents, handle_chinese_chars, clean_text: BertNormalizer's
             options (`strip_accents=None` follows `lowercase`).
         model_max_length: longest input the model takes (its `max_position_embeddings`).
         show_progress: show the trainer's progress bars.
+        deterministic: True: scratchbert's trainer (`wordpiece_trainer`), the same
+            vocabulary for the same texts and options in every run and process. False: the
+            `tokenizers` library's `WordPieceTrainer` (Rust, on every core, faster), whose
+            vocabulary changes from run to run (huggingface/tokenizers#1794).
 
     Returns a `ScratchBertTokenizer` whose special tokens [PAD] [UNK] [CLS] [SEP] [MASK]
     have ids 0-4. Raises ValueError for an empty corpus or a vocabulary too small to hold
-    the special tokens.
+    the special tokens (and, when deterministic, every character of the corpus).
     """
     if not isinstance(vocab_size, int) or vocab_size <= len(SPECIAL_TOKENS):
         raise ValueError(f"vocab_size={vocab_size!r}: it must be an integer above {len(SPECIAL_TOKENS)} (the special tokens).")
     if not isinstance(min_frequency, int) or min_frequency < 0:
         raise ValueError(f"min_frequency={min_frequency!r}: it must be a non-negative integer.")
-    tokenizer = wordpiece_pipeline(
-        None, lowercase=lowercase, strip_accents=strip_accents, handle_chinese_chars=handle_chinese_chars, clean_text=clean_text
+    options = dict(lowercase=lowercase, strip_accents=strip_accents, handle_chinese_chars=handle_chinese_chars, clean_text=clean_text)
+    tokenizer = wordpiece_pipeline(None, **options)
+    if deterministic:
+        vocab = train_wordpiece_vocab(
+            text_batches(texts),
+            normalizer=tokenizer.normalizer,  # the words the finished tokenizer will see
+            pre_tokenizer=tokenizer.pre_tokenizer,
+            vocab_size=vocab_size,
+            min_frequency=min_frequency,
+            special_tokens=SPECIAL_TOKENS,
+            continuing_subword_prefix=CONTINUING_SUBWORD_PREFIX,
+            show_progress=show_progress,
+        )
+        tokenizer = wordpiece_pipeline({token: index for index, token in enumerate(vocab)}, **options)
+    else:
+        _train_with_tokenizers(tokenizer, texts, vocab_size, min_frequency, show_progress)
+    return wrap_tokenizer(
+        tokenizer,
+        lowercase=lowercase,
+        strip_accents=strip_accents,
+        handle_chinese_chars=handle_chinese_chars,
+        model_max_length=model_max_length,
     )
+
+
+def _train_with_tokenizers(tokenizer: Tokenizer, texts, vocab_size: int, min_frequency: int, show_progress: bool) -> None:
+    """Train `tokenizer`'s WordPiece model in place with the `tokenizers` library's trainer."""
     trainer = trainers.WordPieceTrainer(
         vocab_size=vocab_size,
         min_frequency=min_frequency,
@@ -523,11 +485,11 @@ def train_tokenizer(
         continuing_subword_prefix=CONTINUING_SUBWORD_PREFIX,
         show_progress=show_progress,
     )
-    # Count the words the trainer actually sees, to tell an empty corpus from a small one.
+    # Count the texts the trainer actually sees, to tell an empty corpus from a small one.
     seen = {"texts": 0, "non_blank": 0}
 
     def counted_batches() -> Iterator[list[str]]:
-        for batch in iter_text_batches(texts):
+        for batch in text_batches(texts):
             seen["texts"] += len(batch)
             seen["non_blank"] += sum(1 for text in batch if text.strip())
             yield batch
@@ -538,13 +500,6 @@ def train_tokenizer(
             f"the training corpus is empty ({seen['texts']} texts, none with any non-space character): "
             "pass files or strings that contain text."
         )
-    return wrap_tokenizer(
-        tokenizer,
-        lowercase=lowercase,
-        strip_accents=strip_accents,
-        handle_chinese_chars=handle_chinese_chars,
-        model_max_length=model_max_length,
-    )
 
 
 def tokenizer_from_vocab(
@@ -563,7 +518,7 @@ def tokenizer_from_vocab(
     if not vocab_file.is_file():
         raise FileNotFoundError(f"no such vocabulary file: {vocab_file}")
     vocab: dict[str, int] = {}
-    for index, line in enumerate(read_text_file(vocab_file)):
+    for index, line in enumerate(read_lines([vocab_file])):
         token = line.rstrip("\n")  # only the newline ends a token, as in BERT's loader
         if token in vocab:
             raise ValueError(
@@ -643,122 +598,40 @@ def python_tokenize(tokenizer: ScratchBertTokenizer, text: str, vocab=None) -> l
     return [piece for word in words for piece in wordpiece_tokenize(word, vocab)]
 
 
-# --------------------------------------------------------------------------------------
-# Command line: scratchbert train-tokenizer
-# --------------------------------------------------------------------------------------
+def _vocab_is_cased(vocab_file: Path) -> bool:
+    """True when the vocabulary holds upper-case tokens, i.e. it was built without lowercasing.
 
-# Data files `--dataset` reads with the matching `datasets` builder.
-DATASET_FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet", ".txt": "text"}
-
-
-def dataset_texts(name: str, text_column: str = "text", split: str = "train") -> Iterator[list[str]]:
-    """Stream the `text_column` of a `datasets` dataset in batches of strings.
-
-    `name` is a data file (.jsonl, .json, .csv, .parquet, .txt, optionally .gz), a folder
-    written by `Dataset.save_to_disk`, or a dataset name or folder for
-    `datasets.load_dataset` (streamed, so nothing is copied to the cache).
+    An uncased BERT vocabulary has no upper-case letters outside bracketed special tokens
+    such as `[CLS]`, so lowercasing its input loses nothing; a cased one needs the case kept.
     """
-    import datasets  # only this command needs it
+    with open(vocab_file, encoding="utf-8") as file:
+        return any(token != token.lower() and not token.startswith("[") for token in (line.rstrip("\n") for line in file))
 
-    path = Path(name)
-    suffixes = [s for s in path.suffixes if s not in (".gz", ".bz2", ".xz", ".zst")]
-    if path.is_dir() and (path / "dataset_info.json").is_file():
-        loaded = datasets.load_from_disk(str(path))
-        if isinstance(loaded, datasets.DatasetDict):
-            if split not in loaded:
-                raise ValueError(f"{name} has no split {split!r}; it has {', '.join(loaded)} (use --split).")
-            loaded = loaded[split]
-    elif path.is_file() and suffixes and suffixes[-1] in DATASET_FILE_BUILDERS:
-        loaded = datasets.load_dataset(DATASET_FILE_BUILDERS[suffixes[-1]], data_files=str(path), split="train", streaming=True)
-    elif path.suffix and not path.exists():
-        raise FileNotFoundError(f"no such dataset file: {name}")
-    else:
+
+def load_tokenizer(path: str | os.PathLike, max_length: int = 512):
+    """The tokenizer saved in a folder (a model's, or one written by `train-tokenizer`).
+
+    A folder with a saved tokenizer (`tokenizer.json` or `tokenizer_config.json`) loads it
+    with `AutoTokenizer`, exactly as saved. A folder with only BERT's `vocab.txt` (older
+    checkpoints), or a `vocab.txt` itself, gets scratchbert's WordPiece tokenizer built from
+    it, lowercasing unless the vocabulary itself holds upper-case tokens.
+    """
+    path = Path(path)
+    if path.is_file() and path.suffix == ".txt":
+        return tokenizer_from_vocab(path, lowercase=not _vocab_is_cased(path), model_max_length=max_length)
+    if not path.is_dir():
+        raise FileNotFoundError(f"no such tokenizer folder: {path} (pass a folder saved by save_pretrained, or a vocab.txt)")
+    if (path / "tokenizer.json").is_file() or (path / "tokenizer_config.json").is_file():
         try:
-            loaded = datasets.load_dataset(name, split=split, streaming=True)
-        except (ConnectionError, FileNotFoundError, ValueError) as err:
+            return AutoTokenizer.from_pretrained(path)
+        except (OSError, ValueError, KeyError) as err:
             raise ValueError(
-                f"could not load the dataset {name!r} ({type(err).__name__}: {err}); give a local data file or "
-                "folder, or a dataset name the Hugging Face Hub (or your local cache) has."
+                f"could not load the tokenizer in {path} ({str(err).splitlines()[0]}); save it again with "
+                "tokenizer.save_pretrained, or pass another folder (e.g. one written by `scratchbert train-tokenizer`)."
             ) from None
-    columns = loaded.column_names
-    if columns is not None and text_column not in columns:
-        raise ValueError(f"{name} has no column {text_column!r}; its columns are {', '.join(columns)} (use --text-column).")
-    for batch in loaded.iter(batch_size=TRAIN_BATCH_SIZE):
-        if text_column not in batch:  # a streamed dataset may learn its columns only here
-            raise ValueError(f"{name} has no column {text_column!r}; its columns are {', '.join(batch)} (use --text-column).")
-        yield [text for text in batch[text_column] if text is not None]
-
-
-def _check_text_files(paths: list[str]) -> list[Path]:
-    """Missing or empty files are errors before any training starts."""
-    checked = []
-    for name in paths:
-        path = Path(name)
-        if not path.exists():
-            raise FileNotFoundError(f"no such file: {name}")
-        if not path.is_file():
-            raise ValueError(f"{name} is not a file; pass text files (e.g. --files {name}/*.txt).")
-        if path.stat().st_size == 0:
-            raise ValueError(f"{name} is empty: there is no text to train on.")
-        checked.append(path)
-    return checked
-
-
-def _with_progress(batches: Iterable[list[str]], description: str) -> Iterator[list[str]]:
-    """Show how many texts have gone to the trainer (tqdm on stderr)."""
-    from tqdm.auto import tqdm
-
-    with tqdm(desc=description, unit=" texts") as bar:
-        for batch in batches:
-            bar.update(len(batch))
-            yield batch
-
-
-def run_train_tokenizer(args: argparse.Namespace) -> int:
-    """Train a tokenizer as `args` say and save it with `save_pretrained` in `args.out`."""
-    from scratchbert.cli import CommandError
-
-    out = Path(args.out)
-    if (out / "tokenizer.json").exists() and not args.overwrite:
-        raise CommandError(f"{out} already holds a tokenizer; choose another --out or pass --overwrite.")
-    if out.exists() and not out.is_dir():
-        raise CommandError(f"--out {out} is a file; give a directory.")
-    if args.files:
-        source = args.files
-        texts = iter_text_batches(_check_text_files(args.files))
-    else:
-        source = [args.dataset]
-        texts = dataset_texts(args.dataset, text_column=args.text_column, split=args.split)
-    tokenizer = train_tokenizer(
-        _with_progress(texts, "reading " + ", ".join(map(str, source))[:60]),
-        vocab_size=args.vocab_size,
-        min_frequency=args.min_frequency,
-        lowercase=not args.cased,
-        model_max_length=args.model_max_length,
-        show_progress=True,
+    if (path / "vocab.txt").is_file():
+        return load_tokenizer(path / "vocab.txt", max_length)
+    raise FileNotFoundError(
+        f"{path} has no tokenizer (no tokenizer.json, tokenizer_config.json or vocab.txt): "
+        "save it next to the model with tokenizer.save_pretrained(folder)."
     )
-    tokenizer.save_pretrained(out)
-    print(f"saved {'a cased' if args.cased else 'an uncased'} WordPiece tokenizer of {len(tokenizer)} tokens to {out}")
-    return 0
-
-
-def add_cli(subparsers) -> None:
-    """Add `scratchbert train-tokenizer` to the command line."""
-    parser = subparsers.add_parser(
-        "train-tokenizer",
-        help="train a BERT WordPiece tokenizer on text files or a dataset",
-        description="Train a BERT WordPiece tokenizer and save it (vocab.txt, tokenizer.json, "
-        "tokenizer_config.json) so that AutoTokenizer.from_pretrained(OUT) loads it.",
-    )
-    source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--files", nargs="+", metavar="PATH", help="UTF-8 text files (.gz read too), one or more texts per line")
-    source.add_argument("--dataset", metavar="NAME", help="a datasets name or folder, a save_to_disk folder, or a .jsonl/.csv/.parquet/.txt file")
-    parser.add_argument("--text-column", default="text", help="column of --dataset holding the text (default: text)")
-    parser.add_argument("--split", default="train", help="split of --dataset to read (default: train)")
-    parser.add_argument("--vocab-size", type=int, default=30522, help="tokens in the vocabulary (default: 30522, BERT's)")
-    parser.add_argument("--min-frequency", type=int, default=2, help="merge only pairs seen this often (default: 2)")
-    parser.add_argument("--cased", action="store_true", help="keep case and accents (default: lowercase and strip accents)")
-    parser.add_argument("--model-max-length", type=int, default=512, help="longest input of the model (default: 512)")
-    parser.add_argument("--out", required=True, metavar="DIR", help="directory to save the tokenizer in")
-    parser.add_argument("--overwrite", action="store_true", help="replace a tokenizer already saved in --out")
-    parser.set_defaults(func=run_train_tokenizer)

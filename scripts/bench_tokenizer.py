@@ -37,7 +37,8 @@ from transformers import BertTokenizer
 from transformers.models.bert.tokenization_bert_legacy import BertTokenizerLegacy
 from transformers.utils import logging as transformers_logging
 
-from scratchbert.tokenization import iter_text_batches, tokenizer_from_vocab, train_tokenizer
+from scratchbert.ingestion import text_batches
+from scratchbert.tokenization import tokenizer_from_vocab, train_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
@@ -76,7 +77,7 @@ def median_times(cases: dict, repeats: int) -> dict[str, float]:
 
 def bench_training(vocab_size: int, min_frequency: int, repeats: int) -> None:
     paths = [shared_file("corpus", name) for name in CORPUS_FILES]
-    lines = [line for batch in iter_text_batches(paths) for line in batch]
+    lines = [line for batch in text_batches(paths) for line in batch]
     megabytes = sum(path.stat().st_size for path in paths) / 1e6
     sizes = {}
 

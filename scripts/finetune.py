@@ -5,7 +5,7 @@
 
 import sys
 
-from scratchbert.cli import main
+from scratchbert.commands import main
 
 if __name__ == "__main__":
     sys.exit(main(["finetune", *sys.argv[1:]]))

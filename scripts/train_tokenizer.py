@@ -4,12 +4,12 @@
     python scripts/train_tokenizer.py --dataset ../shared/data/imdb/train.jsonl.gz --vocab-size 8192 --cased --out runs/imdb-tok
 
 The result loads with `AutoTokenizer.from_pretrained(OUT)` once `scratchbert` is imported.
-All the logic lives in `scratchbert.tokenization`; see `--help` for the options.
+The command is scratchbert/commands/train_tokenizer.py over `scratchbert.tokenization`; see `--help` for the options.
 """
 
 import sys
 
-from scratchbert.cli import main
+from scratchbert.commands import main
 
 if __name__ == "__main__":
     sys.exit(main(["train-tokenizer", *sys.argv[1:]]))

@@ -19,7 +19,8 @@ from torch.utils.data import DataLoader
 from transformers import AutoTokenizer
 
 from scratchbert.training.collator import IGNORE_INDEX, DataCollatorForPretraining
-from scratchbert.training.data import build_pretraining_dataset, default_corpus_documents
+from scratchbert.ingestion import default_corpus_documents
+from scratchbert.training.data import build_pretraining_dataset
 
 datasets.disable_progress_bars()
 
@@ -191,8 +192,8 @@ def test_whole_word_pieces_after_special_tokens_start_a_new_word(tokenizer):
 # -- padding, layout, extras -------------------------------------------------------
 
 
-def test_padding_token_types_and_masked_positions(tokenizer):
-    collator = DataCollatorForPretraining(tokenizer, pad_to_multiple_of=8, return_masked_positions=True)
+def test_padding_and_token_types(tokenizer):
+    collator = DataCollatorForPretraining(tokenizer, pad_to_multiple_of=8)
     word = tokenizer.convert_tokens_to_ids("text")
     examples = [
         {"input_ids": [101, word, 102, word, word, 102], "token_type_ids": [0, 0, 0, 1, 1, 1], "next_sentence_label": 1},
@@ -204,10 +205,6 @@ def test_padding_token_types_and_masked_positions(tokenizer):
     assert batch["attention_mask"].tolist() == [[1] * 6 + [0, 0], [1] * 3 + [0] * 5]
     assert batch["input_ids"][1, 3:].tolist() == [tokenizer.pad_token_id] * 5
     assert batch["next_sentence_label"].tolist() == [1, 0]
-    positions = batch["masked_positions"]
-    for row in range(2):
-        expected = torch.nonzero(batch["labels"][row] != IGNORE_INDEX).squeeze(1).tolist()
-        assert positions[row].tolist() == expected + [-1] * (positions.shape[1] - len(expected))
 
 
 def test_same_randomness_same_batch_and_global_rng_resumes_exactly(tokenizer, real_examples):
@@ -311,7 +308,7 @@ def test_collation_properties(tokenizer, rows, whole_word, multiple, probability
     rows = [[specials[i % len(specials)] if i % 7 == 0 else i for i in row] for row in rows]
     collator = DataCollatorForPretraining(
         tokenizer, mlm_probability=probability, whole_word_mask=whole_word, pad_to_multiple_of=multiple,
-        return_masked_positions=True, generator=torch.Generator().manual_seed(seed),
+        generator=torch.Generator().manual_seed(seed),
     )
     batch = collator([{"input_ids": row} for row in rows])
     length = batch["input_ids"].shape[1]
@@ -327,7 +324,6 @@ def test_collation_properties(tokenizer, rows, whole_word, multiple, probability
     new_values = batch["input_ids"][changed]
     assert ((new_values == tokenizer.mask_token_id) | ~torch.isin(new_values, special)).all()
     assert torch.equal(labelled.any(dim=1), candidate.any(dim=1))
-    assert torch.equal((batch["masked_positions"] >= 0).sum(dim=1), labelled.sum(dim=1))
     if whole_word:
         for ids, attention, row in zip(original.tolist(), batch["attention_mask"].tolist(), labelled.tolist()):
             for word in word_spans(ids, attention, tokenizer):

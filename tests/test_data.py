@@ -22,14 +22,13 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
+from scratchbert.ingestion import default_corpus_documents, load_documents
 from scratchbert.training import data as data_module
 from scratchbert.training.collator import DataCollatorForPretraining
 from scratchbert.training.data import (
     build_pretraining_dataset,
     create_pairs_from_document,
     cut_long_sentences,
-    default_corpus_documents,
-    load_documents,
     split_sentences,
     tokenize_documents,
     truncate_pair,
@@ -158,18 +157,18 @@ def test_load_documents_bad_input_gets_clear_errors(tmp_path, monkeypatch):
         load_documents(tmp_path / "empty.txt", cache_dir=tmp_path / "cache")
     with pytest.raises(ValueError, match="no documents"):
         load_documents(tmp_path / "empty.txt", streaming=True)
-    with pytest.raises(FileNotFoundError, match="does not exist"):
+    with pytest.raises(FileNotFoundError, match="no such corpus file"):
         load_documents(tmp_path / "missing.txt")
-    with pytest.raises(FileNotFoundError, match="no file matches"):
+    with pytest.raises(FileNotFoundError, match="no corpus file matches the glob"):
         load_documents(str(tmp_path / "*.md"))
-    with pytest.raises(FileNotFoundError, match="not a saved `datasets` dataset.*glob"):
+    with pytest.raises(FileNotFoundError, match="is a folder, not a corpus file.*nor a saved `datasets` dataset.*glob"):
         load_documents(tmp_path)
     with pytest.raises(ValueError, match="empty list"):
         load_documents([])
     # A hub name while offline: one clear error, not a traceback from deep inside datasets.
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    with pytest.raises(FileNotFoundError, match="Hugging Face Hub failed"):
+    with pytest.raises(FileNotFoundError, match="as a `datasets` name failed.*without network access, pass local files"):
         load_documents("no-such-owner/no-such-corpus")
 
 

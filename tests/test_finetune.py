@@ -35,7 +35,7 @@ from scratchbert import (
     ScratchBertForSequenceClassification,
     ScratchBertForTokenClassification,
 )
-import scratchbert.cli
+import scratchbert.commands
 from scratchbert.tokenization import tokenizer_from_vocab
 from scratchbert.training.finetune import (
     checkpoint_head_size,
@@ -193,9 +193,8 @@ def test_label_names_from_strings_integers_and_class_labels():
 
 @pytest.fixture
 def cli_main(monkeypatch):
-    """`scratchbert.cli.main` with only this command registered (other modules are not under test here)."""
-    monkeypatch.setattr(scratchbert.cli, "COMMANDS", {"scratchbert.training.finetune": ["finetune"]})
-    return scratchbert.cli.main
+    """The `scratchbert` command line's entry point."""
+    return scratchbert.commands.main
 
 
 def run_cli(cli_main, capsys, *argv) -> tuple[int, str]:
@@ -238,7 +237,7 @@ def test_empty_or_missing_data_and_occupied_output_dir(tmp_path, capsys, cli_mai
     code, err = run_cli(cli_main, capsys, scratch_checkpoint, "--train-file", empty, "--output-dir", tmp_path / "out")
     assert code == 2 and "train data is empty" in err
     code, err = run_cli(cli_main, capsys, scratch_checkpoint, "--train-file", tmp_path / "nope.csv", "--output-dir", tmp_path / "out")
-    assert code == 2 and "not found" in err
+    assert code == 2 and "no such data file" in err
     occupied = tmp_path / "occupied"
     occupied.mkdir()
     (occupied / "keep.txt").write_text("precious")

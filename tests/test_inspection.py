@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-import scratchbert.cli
+import scratchbert.commands
 from scratchbert import ScratchBertConfig, ScratchBertForPreTraining, ScratchBertModel
 from scratchbert.inspection import (
     FIGURE_DPI,
@@ -66,8 +66,7 @@ def tiny_encoder_checkpoint(tmp_path_factory):
 
 def run_cli(monkeypatch, capsys, *argv: str) -> tuple[int, str, str]:
     """Run `scratchbert ARGV` through the real dispatcher and error handling, with only this module's commands."""
-    monkeypatch.setattr(scratchbert.cli, "COMMANDS", {"scratchbert.inspection": ["fill-mask", "attention-map"]})
-    code = scratchbert.cli.main(list(argv))
+    code = scratchbert.commands.main(list(argv))
     captured = capsys.readouterr()
     return code, captured.out, captured.err
 

@@ -412,7 +412,7 @@ def test_export_to_transformers_bert_loads_with_no_missing_keys(tmp_path, rxnfp_
 
 
 def test_export_cli_copies_the_tokenizer_too(tmp_path, bert_vocab_file):
-    from scratchbert.cli import main
+    from scratchbert.commands import main
 
     tokenizer = tokenizer_from_vocab(bert_vocab_file, lowercase=True)
     ScratchBertModel(scratchbert.ScratchBertConfig(**{**SMALL, "vocab_size": len(tokenizer)})).save_pretrained(tmp_path / "scratch")

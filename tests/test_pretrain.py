@@ -22,7 +22,7 @@ from scratchbert import ScratchBertConfig, ScratchBertForPreTraining
 from scratchbert.training import checkpoint as ckpt
 from scratchbert.training import pretrain as pretrain_module
 from scratchbert.training.config import PRESETS, PretrainConfig, add_config_arguments, config_from_args
-from scratchbert.training.data import default_corpus_documents
+from scratchbert.ingestion import default_corpus_documents
 from scratchbert.training.pretrain import LOG_FILE, NonFiniteLossError, pretrain
 
 REPO = Path(__file__).resolve().parents[1]
@@ -218,7 +218,7 @@ def test_checkpoint_crash_mid_write_leaves_previous_intact(tmp_path, monkeypatch
     monkeypatch.undo()
 
     assert [step for step, _ in ckpt.list_checkpoints(tmp_path)] == [2]
-    assert ckpt.latest_checkpoint(tmp_path) == saved
+    assert ckpt.list_checkpoints(tmp_path)[-1][1] == saved
     assert {p.name: p.read_bytes() for p in saved.iterdir()} == files_at_2  # byte for byte untouched
     assert (tmp_path / "checkpoints" / ".tmp-step-4").is_dir()  # the debris, ignored
     assert ckpt.load_checkpoint(accelerator, saved)["step"] == 2
@@ -253,7 +253,7 @@ class Preempted(Exception):
 def test_stopped_and_resumed_run_ends_with_identical_weights(finished_run, tiny_config, tmp_path, monkeypatch):
     output_dir = tmp_path / "interrupted"
     config = tiny_config(output_dir, gradient_accumulation_steps=2)
-    real_save = pretrain_module.save_checkpoint
+    real_save = ckpt.save_checkpoint
 
     def save_then_die(accelerator, out, step, state, keep_last):
         path = real_save(accelerator, out, step, state, keep_last)
@@ -261,11 +261,11 @@ def test_stopped_and_resumed_run_ends_with_identical_weights(finished_run, tiny_
             raise Preempted
         return path
 
-    monkeypatch.setattr(pretrain_module, "save_checkpoint", save_then_die)
+    monkeypatch.setattr(ckpt, "save_checkpoint", save_then_die)
     with pytest.raises(Preempted):
         pretrain(config)
     monkeypatch.undo()
-    state = ckpt.read_trainer_state(ckpt.latest_checkpoint(output_dir))
+    state = ckpt.read_trainer_state(ckpt.list_checkpoints(output_dir)[-1][1])
     assert state["step"] == 6 and state["epoch"] >= 1 and state["batches_in_epoch"] > 0  # really mid-epoch
     assert not (output_dir / "model.safetensors").exists()
 
@@ -369,22 +369,26 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tiny_config, tmp_path
         pretrain(tiny_config(output_dir, max_steps=12, eval_every=0, save_every=4), LossTurnsNaN, ScratchBertConfig)
     assert [step for step, _ in ckpt.list_checkpoints(output_dir)] == [4, 8]
     assert not (output_dir / "model.safetensors").exists()
-    weights = torch.load(ckpt.latest_checkpoint(output_dir) / "optimizer.bin", weights_only=False)
+    weights = torch.load(ckpt.list_checkpoints(output_dir)[-1][1] / "optimizer.bin", weights_only=False)
     assert weights  # the last good checkpoint is intact and loadable
 
 
 def test_command_line_reports_errors_in_one_line(tmp_path, capsys):
     import argparse
 
-    code = pretrain_module.main(["--max-seq-length", "600", "--output-dir", str(tmp_path)])
-    assert code == 2
-    assert "max_seq_length=600 is longer than max_position_embeddings=512" in capsys.readouterr().err
+    from scratchbert.commands import pretrain as pretrain_command
 
-    # `scratchbert pretrain` is the same parser, added by add_cli
+    code = pretrain_command.main(["--max-seq-length", "600", "--output-dir", str(tmp_path)])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "max_seq_length=600 is longer than max_position_embeddings=512" in err and len(err.strip().splitlines()) == 1
+    assert not any(tmp_path.iterdir())  # nothing written for a run that could not start
+
+    # `scratchbert pretrain` is the same parser
     parser = argparse.ArgumentParser()
-    pretrain_module.add_cli(parser.add_subparsers(dest="command"))
+    pretrain_command.add_parser(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["pretrain", "--preset", "mini", "--max-steps", "3", "--fill-mask", "a [MASK] b"])
-    assert args.func is pretrain_module.run and args.preset == "mini" and args.fill_mask == ["a [MASK] b"]
+    assert args.func is pretrain_command.run and args.preset == "mini" and args.fill_mask == ["a [MASK] b"]
 
 
 # --- several processes -------------------------------------------------------------------
@@ -397,7 +401,7 @@ def test_two_process_ddp_on_cpu(corpus_file, tokenizer_dir, tmp_path):
     command = [
         sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
         "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "29517",
-        "-m", "scratchbert.training.pretrain", "--train-files", str(corpus_file), "--tokenizer", str(tokenizer_dir),
+        "-m", "scratchbert.commands.pretrain", "--train-files", str(corpus_file), "--tokenizer", str(tokenizer_dir),
         "--output-dir", str(output_dir),
     ]  # fmt: skip
     for name, value in flags.items():
@@ -416,5 +420,5 @@ def test_two_process_ddp_on_cpu(corpus_file, tokenizer_dir, tmp_path):
     evals = [r for r in records if r["type"] == "eval"]
     # gathered over both processes: every held-out example counted once, none twice
     assert all(r["eval_examples"] == records[0]["eval_examples"] for r in evals)
-    saved = set(os.listdir(ckpt.latest_checkpoint(output_dir)))
+    saved = set(os.listdir(ckpt.list_checkpoints(output_dir)[-1][1]))
     assert {"random_states_0.pkl", "random_states_1.pkl", "trainer_state.json"} <= saved  # each rank's RNG streams

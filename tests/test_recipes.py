@@ -292,7 +292,7 @@ def test_budgeted_run_resumes_on_the_same_schedule(topic_corpus, topic_tokenizer
 
     AcceleratorState._reset_state(reset_partial_state=True)
     interrupted = tmp_path / "interrupted"
-    real_save = pretrain_module.save_checkpoint
+    real_save = ckpt.save_checkpoint
 
     def save_then_die(accelerator, out, step, state, keep_last):
         path = real_save(accelerator, out, step, state, keep_last)
@@ -300,11 +300,11 @@ def test_budgeted_run_resumes_on_the_same_schedule(topic_corpus, topic_tokenizer
             raise Preempted
         return path
 
-    monkeypatch.setattr(pretrain_module, "save_checkpoint", save_then_die)
+    monkeypatch.setattr(ckpt, "save_checkpoint", save_then_die)
     with pytest.raises(Preempted):
         budget_run(run_config(interrupted, topic_corpus, topic_tokenizer, **options), FakeTime())
     monkeypatch.undo()
-    assert ckpt.read_trainer_state(ckpt.latest_checkpoint(interrupted))["training_seconds"] == 16.0
+    assert ckpt.read_trainer_state(ckpt.list_checkpoints(interrupted)[-1][1])["training_seconds"] == 16.0
 
     AcceleratorState._reset_state(reset_partial_state=True)
     budget_run(run_config(interrupted, topic_corpus, topic_tokenizer, resume=True, **options), FakeTime())

@@ -25,11 +25,11 @@ from transformers.models.bert.tokenization_bert_legacy import BertTokenizerLegac
 from transformers.utils import logging as transformers_logging
 
 from scratchbert import ScratchBertConfig, ScratchBertForMaskedLM
-from scratchbert.cli import main as cli_main
+from scratchbert.commands import main as cli_main
+from scratchbert.ingestion import text_batches
 from scratchbert.tokenization import (
     SPECIAL_TOKENS,
     ScratchBertTokenizer,
-    iter_text_batches,
     python_tokenize,
     reference_pair_lengths,
     tokenizer_from_vocab,
@@ -158,7 +158,7 @@ def test_every_input_form_streams_the_same_texts(tmp_path):
         file.write("".join(text + "\n" for text in texts))
 
     def flat(source):
-        batches = list(iter_text_batches(source))
+        batches = list(text_batches(source))
         assert all(len(batch) <= 1000 for batch in batches)  # streamed, never the whole corpus at once
         return [text.rstrip("\n") for batch in batches for text in batch]
 
@@ -172,7 +172,7 @@ def test_every_input_form_streams_the_same_texts(tmp_path):
 def test_trains_from_a_datasets_column_streamed_in_batches():
     datasets = pytest.importorskip("datasets")
     dataset = datasets.Dataset.from_dict({"text": SENTENCES, "label": [0] * len(SENTENCES)})
-    column_batches = list(iter_text_batches(dataset["text"]))
+    column_batches = list(text_batches(dataset["text"]))
     assert [text for batch in column_batches for text in batch] == SENTENCES
     streamed = (batch["text"] for batch in dataset.iter(batch_size=16))
     tokenizer = train_tokenizer(streamed, vocab_size=150, min_frequency=1, show_progress=False)
@@ -201,7 +201,7 @@ def test_bad_training_input_is_a_clear_error(tmp_path):
         train_tokenizer(tmp_path / "missing.txt", vocab_size=100, show_progress=False)
     latin1 = tmp_path / "latin1.txt"
     latin1.write_bytes("caf\xe9 cr\xe8me\n".encode("latin-1"))
-    with pytest.raises(ValueError, match="latin1.txt is not UTF-8"):
+    with pytest.raises(ValueError, match="latin1.txt is not valid utf-8 text"):
         train_tokenizer(latin1, vocab_size=100, show_progress=False)
     with pytest.raises(ValueError, match="vocab_size=3"):
         train_tokenizer(SENTENCES, vocab_size=3, show_progress=False)
@@ -570,11 +570,11 @@ def run_cli_error(argv, capsys) -> str:
 
 def test_cli_errors_are_one_clear_line(tmp_path, capsys):
     out = str(tmp_path / "out")
-    assert "no such file: " in run_cli_error(["--files", str(tmp_path / "nope.txt"), "--out", out], capsys)
+    assert "no such text file: " in run_cli_error(["--files", str(tmp_path / "nope.txt"), "--out", out], capsys)
 
     empty = tmp_path / "empty.txt"
     empty.write_text("")
-    assert "empty.txt is empty" in run_cli_error(["--files", str(empty), "--out", out], capsys)
+    assert "corpus is empty" in run_cli_error(["--files", str(empty), "--out", out], capsys)
 
     blank = tmp_path / "blank.txt"
     blank.write_text("\n   \n\t\n")
@@ -583,12 +583,12 @@ def test_cli_errors_are_one_clear_line(tmp_path, capsys):
     latin1 = tmp_path / "latin1.txt"
     latin1.write_bytes("na\xefve caf\xe9\n".encode("latin-1"))
     message = run_cli_error(["--files", str(latin1), "--out", out], capsys)
-    assert "latin1.txt is not UTF-8" in message and "Traceback" not in message
+    assert "latin1.txt is not valid utf-8 text" in message and "Traceback" not in message
 
     data = tmp_path / "data.jsonl"
     data.write_text(json.dumps({"body": "text"}) + "\n")
     assert "no column 'text'" in run_cli_error(["--dataset", str(data), "--out", out], capsys)
-    assert "no such dataset file" in run_cli_error(["--dataset", str(tmp_path / "missing.jsonl"), "--out", out], capsys)
+    assert "no such corpus file" in run_cli_error(["--dataset", str(tmp_path / "missing.jsonl"), "--out", out], capsys)
     assert not (tmp_path / "out").exists()  # nothing written by failed runs
 
 

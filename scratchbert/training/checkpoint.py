@@ -67,11 +67,6 @@ def list_checkpoints(output_dir: str | Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def latest_checkpoint(output_dir: str | Path) -> Path | None:
-    checkpoints = list_checkpoints(output_dir)
-    return checkpoints[-1][1] if checkpoints else None
-
-
 def _fsync_dir(path: Path) -> None:
     """Make a rename inside `path` durable (a no-op where directories cannot be opened)."""
     try:
@@ -183,8 +178,8 @@ def check_compatible(path: str | Path, current_config: dict) -> dict:
     if differences:
         raise ValueError(
             f"the checkpoint {path} was written by a run with different options, so it cannot be resumed "
-            f"exactly:\n  " + "\n  ".join(differences) + "\nUse the same options (or its saved "
-            f"pretrain_config.json via --config), or choose another --output-dir, or pass --overwrite to start over."
+            "exactly:\n  " + "\n  ".join(differences) + "\nUse the same options (or its saved "
+            "pretrain_config.json via --config), or choose another --output-dir, or pass --overwrite to start over."
         )
     return state
 

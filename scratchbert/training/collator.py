@@ -20,11 +20,16 @@ use a separate stream.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping, Sequence
 
 import torch
+from torch.utils.data import Dataset
 
-IGNORE_INDEX = -100  # the label of positions the loss skips (torch's cross_entropy default)
+from scratchbert.modeling_scratchbert import IGNORE_INDEX  # the label of positions the loss skips
+
+# What a pretraining batch hands to the model (the collator also makes nothing else).
+MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "labels", "next_sentence_label")
 
 
 class DataCollatorForPretraining:
@@ -40,10 +45,6 @@ class DataCollatorForPretraining:
             and all pieces of a chosen word are predicted together. Each piece then gets
             its own 80/10/10 draw, as in BERT's whole-word-masking release.
         pad_to_multiple_of: pad the length up to a multiple of this (8 suits tensor cores).
-        return_masked_positions: also return "masked_positions", (batch, max_masked)
-            positions of the predicted tokens in each row, ascending, padded with -1 — for a
-            model that runs its MLM head only there. Only enable this for a model whose
-            forward accepts `masked_positions` (Trainer passes every key to the model).
         generator: a `torch.Generator` for the masks; None uses torch's global generator.
         mask_replace_prob: share of chosen tokens replaced by [MASK] (0.8 in BERT).
         random_replace_prob: share of chosen tokens replaced by a random token (0.1 in
@@ -61,7 +62,6 @@ class DataCollatorForPretraining:
         attention_mask (batch, seq) long, 1 on real tokens
         labels (batch, seq) long, original ids at predicted positions, -100 elsewhere
         next_sentence_label (batch,) long, when the examples carry it
-        masked_positions (batch, max_masked) long, with `return_masked_positions`
 
     Every row that has at least one candidate gets at least one prediction (its unit
     with the smallest draw is chosen when the coin flips chose none): a batch never
@@ -75,7 +75,6 @@ class DataCollatorForPretraining:
         mlm_probability: float = 0.15,
         whole_word_mask: bool = False,
         pad_to_multiple_of: int | None = None,
-        return_masked_positions: bool = False,
         generator: torch.Generator | None = None,
         *,
         mask_replace_prob: float = 0.8,
@@ -97,7 +96,6 @@ class DataCollatorForPretraining:
         self.mlm_probability = mlm_probability
         self.whole_word_mask = whole_word_mask
         self.pad_to_multiple_of = pad_to_multiple_of
-        self.return_masked_positions = return_masked_positions
         self.generator = generator
         self.mask_replace_prob = mask_replace_prob
         self.random_replace_prob = random_replace_prob
@@ -207,26 +205,55 @@ class DataCollatorForPretraining:
         corrupted = input_ids.masked_fill(to_mask, self.tokenizer.mask_token_id)
         return torch.where(to_random, random_ids, corrupted)
 
-    @staticmethod
-    def masked_positions(chosen: torch.Tensor) -> torch.Tensor:
-        """(batch, seq) bool -> (batch, max_chosen) long: chosen positions per row, ascending, -1 padded."""
-        seq = chosen.shape[1]
-        position = torch.arange(seq).expand_as(chosen)
-        # Chosen positions sort first (in order), the others after them.
-        order = torch.argsort(torch.where(chosen, position, position + seq), dim=1)
-        counts = chosen.sum(dim=1, keepdim=True)  # (batch, 1)
-        width = int(counts.max()) if chosen.numel() else 0
-        slots = torch.arange(width).expand(chosen.shape[0], width)
-        return torch.where(slots < counts, order[:, :width], torch.full_like(slots, -1))
-
     def __call__(self, examples: Sequence[Mapping]) -> dict[str, torch.Tensor]:
         batch = self.pad(examples)
         chosen = self.choose_positions(batch["input_ids"], batch["attention_mask"])
         batch["labels"] = batch["input_ids"].masked_fill(~chosen, IGNORE_INDEX)
         batch["input_ids"] = self.corrupt(batch["input_ids"], chosen)
-        if self.return_masked_positions:
-            batch["masked_positions"] = self.masked_positions(chosen)
         return batch
 
 
-__all__ = ["IGNORE_INDEX", "DataCollatorForPretraining"]
+# ---------------------------------------------------------------------------------------------
+# Masks that a resumed run draws again exactly
+# ---------------------------------------------------------------------------------------------
+class IndexedDataset(Dataset):
+    """Yields `(index, example)` so the collator can seed its masks from which examples it got."""
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int):
+        return index, self.dataset[index]
+
+
+class SeededCollator:
+    """Runs the MLM collator with a generator seeded by (seed, epoch, example indices).
+
+    The masks of a batch are then a pure function of what is in it, independent of how
+    many batches the DataLoader prefetched, of the process count and of `num_workers`:
+    a resumed run draws exactly the masks the uninterrupted run drew, and the global RNG
+    is left to dropout alone. Set `epoch` before each epoch. Only `model_inputs` are
+    passed on (without NSP the model takes no next_sentence_label).
+    """
+
+    def __init__(self, collator: DataCollatorForPretraining, seed: int, epoch: int = 0, model_inputs=MODEL_INPUTS):
+        self.collator = collator
+        self.seed = seed
+        self.epoch = epoch
+        self.model_inputs = model_inputs
+
+    def batch_seed(self, indices) -> int:
+        key = f"{self.seed}:{self.epoch}:{','.join(map(str, indices))}".encode()
+        return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") >> 1
+
+    def __call__(self, items):
+        indices, examples = zip(*items)
+        self.collator.generator = torch.Generator().manual_seed(self.batch_seed(indices))
+        batch = self.collator(list(examples))
+        return {name: batch[name] for name in self.model_inputs if name in batch}
+
+
+__all__ = ["IGNORE_INDEX", "MODEL_INPUTS", "DataCollatorForPretraining", "IndexedDataset", "SeededCollator"]

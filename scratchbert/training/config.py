@@ -36,6 +36,8 @@ from pathlib import Path
 
 import yaml
 
+from scratchbert.training.data import check_max_seq_length
+
 # (num_hidden_layers, hidden_size); heads and feed-forward width follow BERT's ratios.
 PRESETS: dict[str, tuple[int, int]] = {
     "tiny": (2, 128),
@@ -96,12 +98,51 @@ def preset_geometry(name: str) -> dict[str, int]:
     }
 
 
+class ConfigFile:
+    """What every run configuration (a dataclass) can do with files: save, load, layer.
+
+    Subclasses are dataclasses whose fields carry `metadata={"help": ...}` (and optionally
+    "choices", "flag", "positional"); `add_config_arguments` turns those into flags.
+    `JOB` names the job in messages ("pretraining", "fine-tuning").
+    """
+
+    JOB = "run"
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def save(self, path: str | Path) -> None:
+        """Write the resolved configuration as JSON (it reloads with `from_file`)."""
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n", encoding="utf-8")
+
+    @classmethod
+    def upgrade(cls, values: dict) -> dict:
+        """Saved values in today's terms (a hook for renamed or added options)."""
+        return values
+
+    @classmethod
+    def from_dict(cls, values: dict):
+        values = cls.upgrade(values)
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown {cls.JOB} option(s): {', '.join(unknown)}. Known options: {', '.join(sorted(known))}.")
+        return cls(**values)
+
+    @classmethod
+    def from_file(cls, path: str | Path, **overrides):
+        """Load a YAML (.yaml/.yml) or JSON (.json) file; `overrides` win over its values."""
+        return cls.from_dict({**read_config_file(path), **overrides})
+
+
 @dataclass
-class PretrainConfig:
+class PretrainConfig(ConfigFile):
     """Everything a pretraining run needs; see the module docstring for how it is layered."""
 
+    JOB = "pretraining"
+
     # --- model geometry (None: taken from the preset) ---
-    preset: str = field(default="tiny", metadata={"help": f"model size: {', '.join(PRESETS)}"})
+    preset: str = field(default="tiny", metadata={"help": f"model size: {', '.join(PRESETS)}", "choices": PRESETS})
     num_hidden_layers: int | None = field(default=None, metadata={"help": "encoder layers L (default: from the preset)"})
     hidden_size: int | None = field(default=None, metadata={"help": "hidden width H (default: from the preset)"})
     num_attention_heads: int | None = field(default=None, metadata={"help": "attention heads (default: H/64)"})
@@ -116,6 +157,7 @@ class PretrainConfig:
     recipe: str = field(
         default=DEFAULT_RECIPE,
         metadata={
+            "choices": RECIPES,
             "help": "packed (default, the best measured on a small budget: MLM only on contiguous text packed to "
             "full length, 30%% masking, no dropout, peak learning rate 5e-4) or paper (BERT's: MLM + NSP on "
             "sentence pairs, 15%% masking, dropout 0.1, learning rate 1e-4); see docs/pretraining.md"
@@ -124,7 +166,7 @@ class PretrainConfig:
     nsp: bool | None = field(default=None, metadata={"help": "train next-sentence prediction (needs --packing sentence-pairs; default: from the recipe)"})
     packing: str | None = field(
         default=None,
-        metadata={"help": "full-sentences (contiguous text, one segment, no padding) or sentence-pairs ([CLS] A [SEP] B [SEP]); default: from the recipe"},
+        metadata={"choices": PACKINGS, "help": "full-sentences (contiguous text, one segment, no padding) or sentence-pairs ([CLS] A [SEP] B [SEP]); default: from the recipe"},
     )
 
     # --- tokenizer ---
@@ -173,7 +215,9 @@ class PretrainConfig:
     adam_beta2: float = field(default=0.999, metadata={"help": "AdamW beta2"})
     adam_epsilon: float = field(default=1e-6, metadata={"help": "AdamW epsilon"})
     max_grad_norm: float = field(default=1.0, metadata={"help": "gradient clipping norm (0 disables)"})
-    mixed_precision: str = field(default="no", metadata={"help": "no, bf16 (CPU or GPU) or fp16 (GPU only)"})
+    mixed_precision: str = field(
+        default="no", metadata={"help": "no, bf16 (CPU or GPU) or fp16 (GPU only)", "choices": MIXED_PRECISION_CHOICES}
+    )
     seed: int = field(default=42, metadata={"help": "seed of weights, data order, masks and dropout"})
 
     # --- bookkeeping ---
@@ -238,8 +282,7 @@ class PretrainConfig:
                 f"{self.max_position_embeddings}: the model has no position embedding beyond that. "
                 "Lower --max-seq-length or raise --max-position-embeddings."
             )
-        if self.max_seq_length < 8:
-            raise ValueError(f"max_seq_length={self.max_seq_length}: it must leave room for [CLS] A [SEP] B [SEP] (use 8 or more).")
+        check_max_seq_length(self.max_seq_length)
         if self.time_budget is not None and (
             isinstance(self.time_budget, bool) or not isinstance(self.time_budget, (int, float)) or not 0 < self.time_budget < float("inf")
         ):
@@ -281,27 +324,9 @@ class PretrainConfig:
             "attention_probs_dropout_prob": self.attention_probs_dropout_prob,
         }
 
-    # --- files ---
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    def save(self, path: str | Path) -> None:
-        """Write the resolved configuration as JSON (it reloads with `from_file`)."""
-        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n", encoding="utf-8")
-
     @classmethod
-    def from_dict(cls, values: dict) -> PretrainConfig:
-        values = upgrade_saved_config(values)
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"unknown pretraining option(s): {', '.join(unknown)}. Known options: {', '.join(sorted(known))}.")
-        return cls(**values)
-
-    @classmethod
-    def from_file(cls, path: str | Path, **overrides) -> PretrainConfig:
-        """Load a YAML (.yaml/.yml) or JSON (.json) file; `overrides` win over its values."""
-        return cls.from_dict({**read_config_file(path), **overrides})
+    def upgrade(cls, values: dict) -> dict:
+        return upgrade_saved_config(values)
 
 
 # A resolved configuration saved before recipes existed (it has `mlm_probability` but no
@@ -341,37 +366,45 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def add_config_arguments(parser: argparse.ArgumentParser) -> None:
-    """One flag per `PretrainConfig` field, plus `--config FILE`.
+def add_config_arguments(parser: argparse.ArgumentParser, config_class: type = None) -> None:
+    """One flag per field of `config_class` (`PretrainConfig` by default), plus `--config FILE`.
 
-    Flags default to `argparse.SUPPRESS`, so the parsed namespace holds only what the user
-    typed; `config_from_args` layers those over the file and the dataclass defaults.
+    A field's metadata gives its help text, and optionally "choices", "flag" (its flag name
+    when it is not the field's) and "positional". Flags default to `argparse.SUPPRESS`, so
+    the parsed namespace holds only what the user typed; `config_from_args` layers those
+    over the file and the dataclass defaults.
     """
+    config_class = config_class or PretrainConfig
     parser.add_argument("--config", metavar="FILE", help="YAML or JSON file of options (flags override it)")
-    hints = typing.get_type_hints(PretrainConfig)
-    for f in dataclasses.fields(PretrainConfig):
-        kind = hints[f.name]
-        help_text = f.metadata.get("help", "")
+    hints = typing.get_type_hints(config_class)
+    for f in dataclasses.fields(config_class):
+        kind, meta = hints[f.name], f.metadata
+        help_text = meta.get("help", "")
         if f.default not in (dataclasses.MISSING, None) and "default" not in help_text:
             help_text += f" (default: {f.default})"
+        names = [f.name] if meta.get("positional") else [meta.get("flag", _flag(f.name))]
+        options: dict = {"default": argparse.SUPPRESS, "help": help_text, "dest": f.name}
+        if meta.get("positional"):
+            options.pop("dest")
+            options["nargs"] = "?"
         args = typing.get_args(kind)
         if kind is bool or (typing.get_origin(kind) is not list and set(args) == {bool, type(None)}):
-            parser.add_argument(_flag(f.name), action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=help_text)
-        elif typing.get_origin(kind) is list:
-            parser.add_argument(_flag(f.name), nargs="+", metavar="PATH", default=argparse.SUPPRESS, help=help_text)
+            parser.add_argument(*names, action=argparse.BooleanOptionalAction, **options)
+        elif typing.get_origin(kind) is list or list in {typing.get_origin(a) for a in args}:
+            parser.add_argument(*names, nargs="+", metavar=meta.get("metavar", "PATH"), **options)
         else:
             base = next((a for a in args if a is not type(None)), kind) if args else kind
-            choices = {"preset": PRESETS, "recipe": RECIPES, "packing": PACKINGS, "mixed_precision": MIXED_PRECISION_CHOICES}
-            extra = {"choices": list(choices[f.name])} if f.name in choices else {}
-            metavar = {int: "N", float: "X"}.get(base, "VALUE")
-            if not extra:
-                extra = {"metavar": metavar}
-            parser.add_argument(_flag(f.name), type=base, default=argparse.SUPPRESS, help=help_text, **extra)
+            if "choices" in meta:
+                options["choices"] = list(meta["choices"])
+            elif not meta.get("positional"):
+                options["metavar"] = meta.get("metavar", {int: "N", float: "X"}.get(base, "VALUE"))
+            parser.add_argument(*names, type=base, **options)
 
 
-def config_from_args(args: argparse.Namespace) -> PretrainConfig:
+def config_from_args(args: argparse.Namespace, config_class: type = None):
     """Build the configuration: dataclass defaults < `--config` file < flags typed by the user."""
-    names = {f.name for f in dataclasses.fields(PretrainConfig)}
+    config_class = config_class or PretrainConfig
+    names = {f.name for f in dataclasses.fields(config_class)}
     typed = {name: value for name, value in vars(args).items() if name in names}
     values = read_config_file(args.config) if getattr(args, "config", None) else {}
-    return PretrainConfig.from_dict({**values, **typed})
+    return config_class.from_dict({**values, **typed})

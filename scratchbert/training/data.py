@@ -8,7 +8,7 @@ batch is formed, so every epoch sees different masks ("dynamic masking").
 
 The pipeline, one function per step:
 
-    default_corpus_documents() / load_documents(source)   -> documents (text)
+    ingestion.default_corpus_documents() / ingestion.load_documents(source) -> documents (text)
     split_sentences(text)                                  -> sentences of one document
     tokenize_documents(documents, tokenizer)               -> Dataset["sentences"]: token ids per sentence
     build_pretraining_dataset(documents, tokenizer, ...)   -> Dataset[input_ids, token_type_ids,
@@ -26,20 +26,16 @@ continues A, 1 means B is random.
 
 from __future__ import annotations
 
-import codecs
 import contextlib
 import functools
-import glob
 import json
 import logging
-import os
 import random
 import re
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import datasets
-from datasets.exceptions import DatasetGenerationError
 from datasets.fingerprint import Hasher
 
 logger = logging.getLogger(__name__)
@@ -48,6 +44,17 @@ logger = logging.getLogger(__name__)
 NUM_SPECIAL_TOKENS = 3
 # The smallest example holds one token of A and one of B besides the special tokens.
 MIN_MAX_SEQ_LENGTH = NUM_SPECIAL_TOKENS + 2
+
+
+
+def check_max_seq_length(max_seq_length) -> None:
+    """The one lower bound on example length, for every recipe (sentence pairs need the most room)."""
+    if isinstance(max_seq_length, bool) or not isinstance(max_seq_length, int) or max_seq_length < MIN_MAX_SEQ_LENGTH:
+        raise ValueError(
+            f"max_seq_length={max_seq_length!r} is too small: [CLS] A [SEP] B [SEP] needs {NUM_SPECIAL_TOKENS} special "
+            f"tokens plus at least one token each for A and B; use max_seq_length >= {MIN_MAX_SEQ_LENGTH} (BERT uses 128 and 512)"
+        )
+
 
 PRETRAINING_FEATURES = datasets.Features(
     {
@@ -64,236 +71,12 @@ Documents = Sequence[str] | datasets.Dataset | datasets.IterableDataset
 
 
 # ---------------------------------------------------------------------------
-# 1. Sources
+# 1. Sources: `scratchbert.ingestion` (files, globs, saved datasets, the hub, the embedded corpus)
 # ---------------------------------------------------------------------------
-
-# reST heading underlines in pydoc's topics ("*****", "=====", "-----"): layout, not text.
-_HEADING_UNDERLINE = re.compile(r"([*=\-~^#+\"'])\1{2,}")
-
-
-def default_corpus_documents() -> list[str]:
-    """The embedded corpus: CPython's own documentation, one document per help topic.
-
-    Every CPython install carries the text that `help("assert")` prints, in
-    `pydoc_data.topics` (79 topics in CPython 3.11, about 460k characters of English
-    with code examples), so this corpus needs no download. Topics are returned in sorted
-    order with their reST heading underlines removed; the heading text stays as a
-    paragraph of its own.
-    """
-    try:
-        from pydoc_data.topics import topics
-    except ImportError:
-        raise FileNotFoundError(
-            "this Python install lacks pydoc_data (some minimal distributions strip it), which holds the "
-            "default corpus; pass your own text files instead (load_documents('corpus/*.txt'))"
-        ) from None
-
-    documents = []
-    for name in sorted(topics):
-        lines = [line for line in topics[name].splitlines() if not _HEADING_UNDERLINE.fullmatch(line.strip())]
-        document = "\n".join(lines).strip()
-        if document:
-            documents.append(document)
-    return documents
-
-
-def load_documents(
-    source,
-    *,
-    text_column: str = "text",
-    streaming: bool = False,
-    split: str = "train",
-    one_document_per_file: bool = False,
-    encoding: str = "utf-8",
-    config_name: str | None = None,
-    cache_dir: str | os.PathLike | None = None,
-) -> datasets.Dataset | datasets.IterableDataset:
-    """Load a corpus as a `datasets` dataset with a single "text" column, one row per document.
-
-    Args:
-        source: one of
-            - a path or glob of plain-text files, or a list of them. Documents are separated
-              by blank lines, or each file is one document with `one_document_per_file=True`;
-            - a directory written by `Dataset.save_to_disk` / `DatasetDict.save_to_disk`;
-            - a `datasets.Dataset`, `IterableDataset` or `DatasetDict` already in memory;
-            - the name of a dataset on the Hugging Face Hub (needs network access),
-              with `config_name` for datasets that have several configurations.
-        text_column: the column holding the documents (renamed to "text"; others are dropped).
-        streaming: return an `IterableDataset` that reads lazily, for corpora larger than
-            memory or disk. Otherwise a `Dataset` (files are converted once into an Arrow
-            cache, so tokenization maps over it are cached too).
-        split: the split to take from a `DatasetDict`, a saved dataset dict or a hub dataset.
-        one_document_per_file: for text files, treat each whole file as one document.
-        encoding: text encoding of the files; anything not decodable is an error, never skipped.
-        cache_dir: where `datasets` keeps its Arrow cache (its default cache otherwise).
-
-    Returns:
-        `Dataset` (or `IterableDataset` when streaming) with one string column "text".
-        Files: blank-line runs and whitespace-only documents are dropped.
-
-    Raises:
-        FileNotFoundError: a path or glob matches no file, or a hub dataset cannot be loaded.
-        ValueError: a file is not valid text in `encoding`; the column is missing or not text;
-            the corpus holds no documents.
-    """
-    if isinstance(source, (datasets.Dataset, datasets.IterableDataset, datasets.DatasetDict, datasets.IterableDatasetDict)):
-        return _select_text_column(_pick_split(source, split, repr(type(source).__name__)), text_column, streaming)
-    sources = [source] if isinstance(source, (str, os.PathLike)) else list(source)
-    if not sources:
-        raise ValueError("load_documents got an empty list of sources; pass a file, a glob or a dataset name")
-    if len(sources) == 1 and Path(sources[0]).is_dir():
-        return _load_saved_dataset(Path(sources[0]), split, text_column, streaming)
-    files = _expand_text_files(sources)
-    if files is None:
-        return _load_hub_dataset(str(sources[0]), split, text_column, streaming, config_name, cache_dir)
-    return _load_text_files(files, one_document_per_file, encoding, streaming, cache_dir)
-
-
-def _expand_text_files(sources: list) -> list[str] | None:
-    """Paths and globs -> sorted existing files; None when the single source looks like a hub name."""
-    files: list[str] = []
-    for item in sources:
-        pattern = os.fspath(item)
-        if glob.has_magic(pattern):
-            matches = sorted(p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p))
-            if not matches:
-                raise FileNotFoundError(f"no file matches the glob {pattern!r}")
-            files.extend(matches)
-        elif os.path.isfile(pattern):
-            files.append(pattern)
-        elif os.path.isdir(pattern):
-            raise FileNotFoundError(
-                f"{pattern!r} is a directory but not a saved `datasets` dataset; pass a glob of its text "
-                f"files instead, e.g. {os.path.join(pattern, '*.txt')!r}"
-            )
-        elif len(sources) == 1 and _looks_like_hub_name(pattern):
-            return None
-        else:
-            raise FileNotFoundError(f"text file {pattern!r} does not exist")
-    return files
-
-
-def _looks_like_hub_name(name: str) -> bool:
-    # "wikitext" or "owner/name"; anything with a file suffix or a path prefix is meant as a path.
-    return re.fullmatch(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?", name) is not None and Path(name).suffix == ""
-
-
-def _read_documents(files: list[str], one_document_per_file: bool, encoding: str) -> Iterator[dict[str, str]]:
-    """Yield {"text": document} from text files, reading line by line (files may exceed memory)."""
-    for path in files:
-        try:
-            with open(path, encoding=encoding) as handle:
-                if one_document_per_file:
-                    document = handle.read().strip()
-                    if document:
-                        yield {"text": document}
-                    continue
-                lines: list[str] = []
-                for line in handle:
-                    if line.strip():
-                        lines.append(line.rstrip("\n"))
-                    elif lines:
-                        yield {"text": "\n".join(lines)}
-                        lines = []
-                if lines:
-                    yield {"text": "\n".join(lines)}
-        except UnicodeDecodeError as err:
-            raise ValueError(
-                f"{path} is not valid {encoding} text ({err.reason} on line {_undecodable_line(path, encoding)}). "
-                f"Convert it, e.g. `iconv -f latin1 -t utf-8 {path}`, or pass its real encoding: "
-                "load_documents(..., encoding=...)"
-            ) from None
-
-
-def _undecodable_line(path: str, encoding: str) -> int:
-    """The number of the first line that fails to decode (text mode reads in blocks, so it cannot say)."""
-    decoder = codecs.getincrementaldecoder(encoding)()
-    with open(path, "rb") as handle:
-        for number, raw in enumerate(handle, start=1):
-            try:
-                decoder.decode(raw)
-            except UnicodeDecodeError:
-                return number
-    return number
-
-
-def _load_text_files(
-    files: list[str], one_document_per_file: bool, encoding: str, streaming: bool, cache_dir
-) -> datasets.Dataset | datasets.IterableDataset:
-    gen_kwargs = {"files": files, "one_document_per_file": one_document_per_file, "encoding": encoding}
-    # Reading up to the first document is cheap and turns an empty corpus into a clear error.
-    if next(_read_documents(**gen_kwargs), None) is None:
-        raise ValueError(f"no documents in {_describe(files)}: the files are empty or hold only whitespace")
-    if streaming:
-        return datasets.IterableDataset.from_generator(_read_documents, gen_kwargs=gen_kwargs)
-    # Size and modification time go into the cache key, so an edited file is read again.
-    signature = [(os.path.abspath(path), os.path.getsize(path), os.path.getmtime(path)) for path in files]
-    try:
-        return datasets.Dataset.from_generator(
-            _read_documents,
-            gen_kwargs=gen_kwargs,
-            features=datasets.Features({"text": datasets.Value("string")}),
-            cache_dir=cache_dir,
-            fingerprint=Hasher.hash([signature, one_document_per_file, encoding]),
-        )
-    except DatasetGenerationError as err:
-        if isinstance(err.__cause__, (ValueError, OSError)):
-            raise err.__cause__ from None  # our own message, not the generic wrapper
-        raise
-
-
-def _describe(files: list[str]) -> str:
-    return files[0] if len(files) == 1 else f"{len(files)} files ({files[0]}, ...)"
-
-
-def _pick_split(dataset, split: str, what: str):
-    if isinstance(dataset, (datasets.DatasetDict, datasets.IterableDatasetDict)):
-        if split not in dataset:
-            raise ValueError(f"{what} has no split {split!r}; choose one of {sorted(dataset)} with split=...")
-        return dataset[split]
-    return dataset
-
-
-def _load_saved_dataset(path: Path, split: str, text_column: str, streaming: bool):
-    if not any((path / name).is_file() for name in ("dataset_info.json", "state.json", "dataset_dict.json")):
-        raise FileNotFoundError(
-            f"{str(path)!r} is a directory but not a saved `datasets` dataset; pass a glob of its text files "
-            f"instead, e.g. {str(path / '*.txt')!r}"
-        )
-    dataset = _pick_split(datasets.load_from_disk(str(path)), split, str(path))
-    return _select_text_column(dataset, text_column, streaming)
-
-
-def _load_hub_dataset(name: str, split: str, text_column: str, streaming: bool, config_name, cache_dir):
-    try:
-        dataset = datasets.load_dataset(name, config_name, split=split, streaming=streaming, cache_dir=cache_dir)
-    except Exception as err:  # offline, unknown name, missing config: all reach the user as one message
-        raise FileNotFoundError(
-            f"{name!r} is not an existing file, glob or saved dataset directory, and loading it from the "
-            f"Hugging Face Hub failed ({type(err).__name__}: {err})"
-        ) from None
-    return _select_text_column(dataset, text_column, streaming)
-
-
-def _select_text_column(dataset, text_column: str, streaming: bool):
-    columns = dataset.column_names
-    if columns is not None and text_column not in columns:
-        raise ValueError(f"the dataset has no column {text_column!r}; its columns are {columns}; pass text_column=...")
-    feature = (dataset.features or {}).get(text_column)
-    if feature is not None and getattr(feature, "dtype", None) not in ("string", "large_string"):
-        raise ValueError(f"column {text_column!r} holds {feature}, not text; pass the column of documents as text_column")
-    dataset = dataset.select_columns([text_column])
-    if text_column != "text":
-        dataset = dataset.rename_column(text_column, "text")
-    if streaming and isinstance(dataset, datasets.Dataset):
-        return dataset.to_iterable_dataset()
-    if isinstance(dataset, datasets.Dataset) and len(dataset) == 0:
-        raise ValueError("the dataset holds no documents")
-    return dataset
 
 
 # ---------------------------------------------------------------------------
-# 2. Sentences
+# 1. Sentences
 # ---------------------------------------------------------------------------
 
 # A Latin-script sentence ends with ., !, ?, or … (runs such as "?!" or "..." too), maybe
@@ -374,7 +157,7 @@ def _is_latin_sentence_end(paragraph: str, match: re.Match) -> bool:
 
 
 # ---------------------------------------------------------------------------
-# 3. Tokens
+# 2. Tokens
 # ---------------------------------------------------------------------------
 
 
@@ -468,7 +251,7 @@ def _main_process_first(accelerator):
 
 
 # ---------------------------------------------------------------------------
-# 4. Next-sentence-prediction pairs
+# 3. Next-sentence-prediction pairs
 # ---------------------------------------------------------------------------
 
 
@@ -716,11 +499,7 @@ def build_pretraining_dataset(
             without [CLS]/[SEP]; no document with two sentences; NotNext pairs requested
             with only one usable document.
     """
-    if isinstance(max_seq_length, bool) or not isinstance(max_seq_length, int) or max_seq_length < MIN_MAX_SEQ_LENGTH:
-        raise ValueError(
-            f"max_seq_length={max_seq_length!r} is too small: [CLS] A [SEP] B [SEP] needs {NUM_SPECIAL_TOKENS} special "
-            f"tokens plus at least one token each for A and B; use max_seq_length >= {MIN_MAX_SEQ_LENGTH} (BERT uses 128 and 512)"
-        )
+    check_max_seq_length(max_seq_length)
     for name, value in (("short_seq_prob", short_seq_prob), ("nsp_probability", nsp_probability)):
         if not 0.0 <= value <= 1.0:
             raise ValueError(f"{name}={value!r} is not a probability; use a value in [0, 1]")
@@ -812,7 +591,7 @@ def build_pretraining_dataset(
 
 
 # ---------------------------------------------------------------------------
-# 5. Packed contiguous text (RoBERTa's FULL-SENTENCES), for MLM without NSP
+# 4. Packed contiguous text (RoBERTa's FULL-SENTENCES), for MLM without NSP
 # ---------------------------------------------------------------------------
 
 PACKED_FEATURES = datasets.Features(
@@ -885,8 +664,7 @@ def build_packed_dataset(
         ValueError: max_seq_length below 3; a tokenizer without [CLS]/[SEP]; text too
             short to fill a single example.
     """
-    if isinstance(max_seq_length, bool) or not isinstance(max_seq_length, int) or max_seq_length < 3:
-        raise ValueError(f"max_seq_length={max_seq_length!r} is too small: [CLS] text [SEP] needs at least 3 tokens (BERT uses 128 and 512)")
+    check_max_seq_length(max_seq_length)
     cls_id, sep_id = tokenizer.cls_token_id, tokenizer.sep_token_id
     if cls_id is None or sep_id is None:
         raise ValueError("the tokenizer has no [CLS] or [SEP] token; BERT examples need both (set cls_token and sep_token)")
@@ -919,11 +697,10 @@ def build_packed_dataset(
 __all__ = [
     "MIN_MAX_SEQ_LENGTH",
     "build_packed_dataset",
+    "check_max_seq_length",
     "build_pretraining_dataset",
     "create_pairs_from_document",
     "cut_long_sentences",
-    "default_corpus_documents",
-    "load_documents",
     "pack_token_stream",
     "split_sentences",
     "tokenize_documents",

@@ -13,8 +13,11 @@ tokenizer) into a text classifier, in five steps that each have a function here:
                             checkpoints load too), checking the size of an existing head.
 4. `make_trainer`           a `Trainer` with `processing_class=tokenizer` and dynamic padding,
                             correct under gradient accumulation (see there).
-5. `finetune_text_classification`  train with evaluation each epoch, keep the best epoch,
+5. `finetune(FinetuneConfig)`  train with evaluation each epoch, keep the best epoch,
                             save model + tokenizer + metrics with `save_pretrained`.
+                            (`finetune_text_classification(checkpoint, out, **options)` is the
+                            same with the options as keyword arguments; `scratchbert finetune`
+                            builds the `FinetuneConfig` from its flags and a --config file.)
 
 The metric helpers for token classification and question answering
 (`token_classification_metrics`, `span_metrics`) work with the same `make_trainer`.
@@ -27,10 +30,16 @@ from __future__ import annotations
 import json
 import logging
 import math
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
+
+from scratchbert.ingestion import load_named_dataset, load_table
+from scratchbert.tokenization import load_tokenizer
+from scratchbert.training.config import ConfigFile
+from scratchbert.weights import check_weights
 
 logger = logging.getLogger(__name__)
 
@@ -40,47 +49,18 @@ LABEL_KINDS = {  # Arrow dtype of a label column -> how its values become label 
     **dict.fromkeys(("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"), "integer"),
     "bool": "integer",  # False/True are the integers 0/1
 }
-FILE_FORMATS = {".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json"}
 DEFAULT_MAX_LENGTH = 128  # tokens per example unless asked otherwise (or the model has fewer positions)
+# The `FinetuneConfig` fields that choose and cut the data (the parameters of `load_splits`).
+SPLIT_OPTIONS = (
+    "train_files", "validation_files", "test_files", "dataset_name", "dataset_config", "train_split",
+    "validation_split", "test_split", "validation_fraction", "max_train_samples", "max_eval_samples", "seed",
+)  # fmt: skip
 HEAD_KEY = "classifier.weight"  # (K, H) weight of BERT's classification head, in every BERT checkpoint
 
 
 # ---------------------------------------------------------------------------
 # 1. Data: local files or a `datasets` name -> {"train", "validation", ("test")}
 # ---------------------------------------------------------------------------
-
-
-def _file_format(path: Path) -> str:
-    """`datasets` builder name for a data file, looking through a `.gz`/`.bz2`/`.xz` suffix."""
-    suffixes = [s for s in path.suffixes if s not in (".gz", ".bz2", ".xz", ".zst")]
-    if not suffixes or suffixes[-1].lower() not in FILE_FORMATS:
-        raise ValueError(f"{path}: unknown data file type; use .csv, .tsv, .json or .jsonl (optionally .gz).")
-    return FILE_FORMATS[suffixes[-1].lower()]
-
-
-def _load_files(files: Sequence[str | Path], split: str):
-    """Read one split from local files (all of one format) into a `datasets.Dataset`."""
-    import datasets
-
-    paths = [Path(f) for f in files]
-    for path in paths:
-        if not path.is_file():
-            raise FileNotFoundError(f"{split} data file not found: {path}")
-    formats = {_file_format(path) for path in paths}
-    if len(formats) > 1:
-        raise ValueError(f"{split} files mix formats ({', '.join(sorted(formats))}); give files of one kind per split.")
-    builder = formats.pop()
-    options = {"delimiter": "\t"} if all(p.suffixes and ".tsv" in p.suffixes for p in paths) else {}
-    try:
-        return datasets.load_dataset(builder, data_files=[str(p) for p in paths], split="train", **options)
-    except datasets.exceptions.DatasetGenerationError as err:
-        # e.g. a JSON column holding strings in some rows and numbers in others
-        cause = err.__cause__ or err
-        raise ValueError(f"could not read {split} data from {', '.join(map(str, paths))}: {cause}") from None
-    except ValueError as err:
-        if "corresponds to no data" in str(err):  # how `datasets` reports files without a single row
-            raise ValueError(f"the {split} data is empty: {', '.join(map(str, paths))} holds no rows.") from None
-        raise
 
 
 def load_splits(
@@ -99,7 +79,8 @@ def load_splits(
 ):
     """Load the data splits for fine-tuning.
 
-    Give either local `train_files` (CSV/TSV/JSON/JSONL, optionally gzipped) with optional
+    Give either local `train_files` (CSV/TSV/JSON/JSONL/Parquet, optionally compressed; globs
+    are expanded) with optional
     `validation_files`/`test_files`, or a `dataset_name` for `datasets.load_dataset` with
     split names (`train_split` defaults to "train", `validation_split` to "validation" when
     the dataset has one). Without a validation split, `validation_fraction` of train is held out.
@@ -119,19 +100,12 @@ def load_splits(
     if dataset_name is not None and (validation_files or test_files):
         raise ValueError("--validation-file/--test-file go with --train-file; with --dataset choose --validation-split/--test-split.")
     if train_files is not None:
-        splits = {"train": _load_files(train_files, "train")}
+        splits = {"train": load_table(train_files, "the train data")}
         for name, files in (("validation", validation_files), ("test", test_files)):
             if files:
-                splits[name] = _load_files(files, name)
+                splits[name] = load_table(files, f"the {name} data")
     else:
-        try:
-            loaded = datasets.load_dataset(dataset_name, dataset_config)
-        except (FileNotFoundError, ConnectionError, ValueError, datasets.exceptions.DatasetNotFoundError) as err:
-            raise ValueError(
-                f"could not load dataset {dataset_name!r}: {err}. Without network access, pass local files with --train-file."
-            ) from None
-        if not isinstance(loaded, datasets.DatasetDict):
-            loaded = datasets.DatasetDict({"train": loaded})
+        loaded = load_named_dataset(dataset_name, dataset_config)
         # without an explicit choice, a split named "validation" is used when the dataset has one
         if validation_split is None and "validation" in loaded:
             validation_split = "validation"
@@ -350,21 +324,6 @@ def checkpoint_label_order(checkpoint: str | Path, label_names: Sequence[str], r
     return list(label_names)
 
 
-def load_tokenizer(path: str | Path):
-    """`AutoTokenizer` from a folder, with an error that says what to pass instead."""
-    from transformers import AutoTokenizer
-
-    if not Path(path).is_dir():
-        raise FileNotFoundError(f"tokenizer folder not found: {path}")
-    try:
-        return AutoTokenizer.from_pretrained(str(path))
-    except (OSError, ValueError, KeyError) as err:
-        raise ValueError(
-            f"could not load a tokenizer from {path} ({str(err).splitlines()[0]}). Pass --tokenizer with a folder "
-            "saved by save_pretrained (e.g. by `scratchbert train-tokenizer`)."
-        ) from None
-
-
 def load_sequence_classifier(checkpoint: str | Path, label_names: Sequence[str], reinit_head: bool = False, model_class=None):
     """Load `checkpoint` as a classifier over `label_names` (id order), with `id2label`/`label2id` set.
 
@@ -495,6 +454,78 @@ def make_trainer(model, tokenizer, args, train_dataset=None, eval_dataset=None, 
     )
 
 
+# ---------------------------------------------------------------------------
+# 6. The run: one configuration object, then train / select / score / save
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class FinetuneConfig(ConfigFile):
+    """Everything a fine-tuning run needs: `scratchbert finetune`'s flags and config file, in one place."""
+
+    JOB = "fine-tuning"
+
+    checkpoint: str | None = field(default=None, metadata={"positional": True, "help": "folder of the checkpoint to start from (config.json + weights)"})
+    output_dir: str | None = field(default=None, metadata={"help": "where the fine-tuned model, tokenizer and metrics.json go (required)"})
+    tokenizer: str | None = field(default=None, metadata={"help": "tokenizer folder (default: the checkpoint folder)"})
+    # --- data: local files or a datasets name ---
+    train_files: list[str] | None = field(default=None, metadata={"flag": "--train-file", "metavar": "FILE", "help": "CSV/TSV/JSON/JSONL/Parquet file(s) or globs, optionally compressed"})
+    validation_files: list[str] | None = field(default=None, metadata={"flag": "--validation-file", "metavar": "FILE", "help": "default: hold out --validation-fraction of train"})
+    test_files: list[str] | None = field(default=None, metadata={"flag": "--test-file", "metavar": "FILE", "help": "scored once at the end with the best model"})
+    dataset_name: str | None = field(default=None, metadata={"flag": "--dataset", "metavar": "NAME", "help": "a datasets name or saved folder, instead of --train-file"})
+    dataset_config: str | None = field(default=None, metadata={"help": "configuration name of --dataset"})
+    train_split: str | None = field(default=None, metadata={"help": "split of --dataset to train on (default: train)"})
+    validation_split: str | None = field(default=None, metadata={"help": "split of --dataset to select epochs on (default: validation if present)"})
+    test_split: str | None = field(default=None, metadata={"help": "split of --dataset to score at the end"})
+    validation_fraction: float = field(default=0.1, metadata={"help": "held out of train without a validation split"})
+    text_column: str = field(default="text", metadata={"help": "column of the text"})
+    text_pair_column: str | None = field(default=None, metadata={"help": "second text of a pair (e.g. hypothesis), joined with [SEP]"})
+    label_column: str = field(default="label", metadata={"help": "string or integer labels"})
+    max_train_samples: int | None = field(default=None, metadata={"help": "train on a random subset of this size"})
+    max_eval_samples: int | None = field(default=None, metadata={"help": "evaluate on random subsets of this size"})
+    max_length: int | None = field(default=None, metadata={"help": f"tokens per example after truncation (default: {DEFAULT_MAX_LENGTH} or the model's positions)"})
+    truncation: str = field(
+        default="head", metadata={"choices": TRUNCATIONS, "help": "which tokens of a long text to keep: the first ones, or the first quarter and the last three quarters"}
+    )
+    # --- training ---
+    epochs: float = field(default=3.0, metadata={"help": "passes over the training data"})
+    batch_size: int = field(default=16, metadata={"help": "examples per step"})
+    eval_batch_size: int = field(default=64, metadata={"help": "examples per evaluation batch"})
+    gradient_accumulation_steps: int = field(default=1, metadata={"help": "forward passes per optimizer step"})
+    learning_rate: float = field(default=5e-5, metadata={"help": "peak learning rate of AdamW"})
+    weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay"})
+    warmup_ratio: float = field(default=0.1, metadata={"help": "fraction of steps with a linear warmup"})
+    best_metric: str = field(default="macro_f1", metadata={"choices": METRICS, "help": "picks the epoch that is kept"})
+    reinit_head: bool = field(default=False, metadata={"help": "train a new head even if the checkpoint has one"})
+    seed: int = field(default=42, metadata={"help": "seed of the new head, the data order and dropout"})
+    logging_steps: int = field(default=50, metadata={"help": "log the training loss every N steps"})
+    overwrite: bool = field(default=False, metadata={"help": "allow a non-empty --output-dir"})
+    show_progress: bool = field(default=True, metadata={"help": "show Trainer's progress bars"})
+
+    def __post_init__(self) -> None:
+        for name in ("train_files", "validation_files", "test_files"):
+            if isinstance(getattr(self, name), (str, Path)):
+                setattr(self, name, [getattr(self, name)])
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise a ValueError naming the bad value and the fix (the data and checkpoint are checked when read)."""
+        if not self.checkpoint:
+            raise ValueError("give the checkpoint to fine-tune: a folder with config.json and the model weights.")
+        if not self.output_dir:
+            raise ValueError("give --output-dir: the folder the fine-tuned model goes to.")
+        for name in ("epochs", "batch_size", "eval_batch_size", "gradient_accumulation_steps", "learning_rate", "logging_steps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+                raise ValueError(f"{name}={value!r}: it must be a positive number (--{name.replace('_', '-')}).")
+        if self.best_metric not in METRICS:
+            raise ValueError(f"best_metric must be one of {', '.join(METRICS)}, got {self.best_metric!r}.")
+        if self.truncation not in TRUNCATIONS:
+            raise ValueError(f"truncation must be one of {', '.join(TRUNCATIONS)}, got {self.truncation!r}.")
+        if not 0.0 <= self.warmup_ratio < 1.0 or self.weight_decay < 0:
+            raise ValueError("warmup_ratio must be in [0, 1) and weight_decay 0 or more.")
+
+
 def _check_output_dir(output_dir: Path, overwrite: bool) -> None:
     if output_dir.exists() and not output_dir.is_dir():
         raise ValueError(f"--output-dir {output_dir} is a file; give a folder.")
@@ -504,43 +535,18 @@ def _check_output_dir(output_dir: Path, overwrite: bool) -> None:
         )
 
 
-def finetune_text_classification(
-    checkpoint: str | Path,
-    output_dir: str | Path,
-    *,
-    tokenizer: str | Path | None = None,
-    train_files: Sequence[str | Path] | None = None,
-    validation_files: Sequence[str | Path] | None = None,
-    test_files: Sequence[str | Path] | None = None,
-    dataset_name: str | None = None,
-    dataset_config: str | None = None,
-    train_split: str | None = None,
-    validation_split: str | None = None,
-    test_split: str | None = None,
-    validation_fraction: float = 0.1,
-    text_column: str = "text",
-    text_pair_column: str | None = None,
-    label_column: str = "label",
-    max_train_samples: int | None = None,
-    max_eval_samples: int | None = None,
-    max_length: int | None = None,
-    truncation: str = "head",
-    epochs: float = 3.0,
-    batch_size: int = 16,
-    eval_batch_size: int = 64,
-    gradient_accumulation_steps: int = 1,
-    learning_rate: float = 5e-5,
-    weight_decay: float = 0.01,
-    warmup_ratio: float = 0.1,
-    best_metric: str = "macro_f1",
-    reinit_head: bool = False,
-    seed: int = 42,
-    logging_steps: int = 50,
-    overwrite: bool = False,
-    show_progress: bool = True,
-    model_class=None,
-) -> dict[str, Any]:
+def finetune_text_classification(checkpoint: str | Path, output_dir: str | Path, *, model_class=None, **options) -> dict[str, Any]:
     """Fine-tune `checkpoint` as a text (or text-pair) classifier and save it to `output_dir`.
+
+    `options` are the fields of `FinetuneConfig` (train_files=..., epochs=..., ...); see
+    `finetune` for what happens.
+    """
+    config = FinetuneConfig(checkpoint=str(checkpoint), output_dir=str(output_dir), **options)
+    return finetune(config, model_class=model_class)
+
+
+def finetune(config: FinetuneConfig, model_class=None) -> dict[str, Any]:
+    """Fine-tune as `config` says.
 
     Evaluates accuracy and macro-F1 on the validation split after every epoch, reloads the
     epoch with the best `best_metric` at the end, optionally scores a test split with it,
@@ -553,55 +559,50 @@ def finetune_text_classification(
     """
     from transformers import TrainingArguments, set_seed
 
-    if best_metric not in METRICS:
-        raise ValueError(f"best_metric must be one of {', '.join(METRICS)}, got {best_metric!r}.")
-    config_file = Path(checkpoint) / "config.json"
-    if not config_file.is_file():
-        raise FileNotFoundError(f"no checkpoint at {checkpoint}: expected a folder with config.json and the model weights.")
-    positions = json.loads(config_file.read_text()).get("max_position_embeddings", 512)
+    checkpoint, max_length = config.checkpoint, config.max_length
+    check_weights(checkpoint)  # a missing, truncated or corrupt weight file fails here, in one line
+    positions = json.loads((Path(checkpoint) / "config.json").read_text()).get("max_position_embeddings", 512)
     if max_length is None:
         max_length = min(DEFAULT_MAX_LENGTH, positions)
     if not 2 <= max_length <= positions:
         raise ValueError(f"max_length must be between 2 (room for [CLS] and [SEP]) and the model's {positions} positions, got {max_length}.")
-    output_dir = Path(output_dir)
-    _check_output_dir(output_dir, overwrite)
-    tokenizer = load_tokenizer(tokenizer if tokenizer is not None else checkpoint)
+    output_dir = Path(config.output_dir)
+    _check_output_dir(output_dir, config.overwrite)
+    tokenizer = load_tokenizer(config.tokenizer if config.tokenizer is not None else checkpoint, max_length=positions)
 
     # Everything about the data is checked before the (slow) model load.
-    splits = load_splits(
-        train_files, validation_files, test_files, dataset_name, dataset_config, train_split, validation_split,
-        test_split, validation_fraction, max_train_samples, max_eval_samples, seed,
-    )  # fmt: skip
-    check_text_columns(splits, text_column, text_pair_column, label_column)
-    label_names = label_names_of(splits, label_column)
+    splits = load_splits(**{name: getattr(config, name) for name in SPLIT_OPTIONS})
+    check_text_columns(splits, config.text_column, config.text_pair_column, config.label_column)
+    label_names = label_names_of(splits, config.label_column)
     if len(label_names) < 2:
         raise ValueError(f"the data has a single label ({label_names[0]!r}); a classifier needs at least two.")
-    label_names = checkpoint_label_order(checkpoint, label_names, reinit_head)
+    label_names = checkpoint_label_order(checkpoint, label_names, config.reinit_head)
     logger.info("%d labels: %s; %s", len(label_names), ", ".join(label_names), ", ".join(f"{k} {len(v)} rows" for k, v in splits.items()))
-    splits = tokenize_splits(encode_labels(splits, label_column, label_names), tokenizer, text_column, text_pair_column, max_length, truncation)
+    splits = encode_labels(splits, config.label_column, label_names)
+    splits = tokenize_splits(splits, tokenizer, config.text_column, config.text_pair_column, max_length, config.truncation)
 
-    set_seed(seed)  # the new head's initialisation and the data order
-    model = load_sequence_classifier(checkpoint, label_names, reinit_head=reinit_head, model_class=model_class)
+    set_seed(config.seed)  # the new head's initialisation and the data order
+    model = load_sequence_classifier(checkpoint, label_names, reinit_head=config.reinit_head, model_class=model_class)
     args = TrainingArguments(
         output_dir=str(output_dir / "checkpoints"),
-        num_train_epochs=epochs,
-        per_device_train_batch_size=batch_size,
-        per_device_eval_batch_size=eval_batch_size,
-        gradient_accumulation_steps=gradient_accumulation_steps,
-        learning_rate=learning_rate,
-        weight_decay=weight_decay,
-        warmup_steps=warmup_ratio,  # a float in [0, 1) is a fraction of the total steps
+        num_train_epochs=config.epochs,
+        per_device_train_batch_size=config.batch_size,
+        per_device_eval_batch_size=config.eval_batch_size,
+        gradient_accumulation_steps=config.gradient_accumulation_steps,
+        learning_rate=config.learning_rate,
+        weight_decay=config.weight_decay,
+        warmup_steps=config.warmup_ratio,  # a float in [0, 1) is a fraction of the total steps
         eval_strategy="epoch",
         save_strategy="epoch",  # best-model selection needs a checkpoint of each evaluated epoch
         load_best_model_at_end=True,
-        metric_for_best_model=best_metric,
+        metric_for_best_model=config.best_metric,
         greater_is_better=True,
         save_total_limit=1,  # Trainer still keeps the best checkpoint besides the latest
         save_only_model=True,  # epoch checkpoints are for picking the best, not for resuming: no optimizer state
-        logging_steps=logging_steps,
-        seed=seed,
+        logging_steps=config.logging_steps,
+        seed=config.seed,
         report_to="none",
-        disable_tqdm=not show_progress,
+        disable_tqdm=not config.show_progress,
     )
     trainer = make_trainer(
         model, tokenizer, args, splits["train"], splits["validation"], compute_metrics=sequence_classification_metrics
@@ -629,98 +630,3 @@ def finetune_text_classification(
             logger.info("%s: accuracy %.4f, macro-F1 %.4f", split, results[split]["accuracy"], results[split]["macro_f1"])
     logger.info("saved the fine-tuned model and tokenizer to %s", output_dir)
     return results
-
-
-# ---------------------------------------------------------------------------
-# Command line: `scratchbert finetune`
-# ---------------------------------------------------------------------------
-
-
-def add_cli(subparsers) -> None:
-    """Add `scratchbert finetune` to the command line."""
-    parser = subparsers.add_parser(
-        "finetune",
-        help="fine-tune a BERT checkpoint as a text classifier",
-        description="Fine-tune a scratchbert or transformers BERT checkpoint as a text (or text-pair) classifier "
-        "with transformers.Trainer; evaluates accuracy and macro-F1 each epoch and saves the best epoch.",
-    )
-    parser.add_argument("checkpoint", help="folder of the checkpoint to start from (config.json + weights)")
-    parser.add_argument("--output-dir", required=True, help="where the fine-tuned model, tokenizer and metrics.json go")
-    parser.add_argument("--tokenizer", help="tokenizer folder (default: the checkpoint folder)")
-    data = parser.add_argument_group("data (local files or a datasets name)")
-    data.add_argument("--train-file", nargs="+", metavar="FILE", help="CSV/TSV/JSON/JSONL file(s), optionally .gz")
-    data.add_argument("--validation-file", nargs="+", metavar="FILE", help="default: hold out --validation-fraction of train")
-    data.add_argument("--test-file", nargs="+", metavar="FILE", help="scored once at the end with the best model")
-    data.add_argument("--dataset", metavar="NAME", help="a name for datasets.load_dataset, instead of --train-file")
-    data.add_argument("--dataset-config", help="configuration name of --dataset")
-    data.add_argument("--train-split", help="split of --dataset to train on (default: train)")
-    data.add_argument("--validation-split", help="split of --dataset to select epochs on (default: validation if present)")
-    data.add_argument("--test-split", help="split of --dataset to score at the end")
-    data.add_argument("--validation-fraction", type=float, default=0.1, help="held out of train without a validation split")
-    data.add_argument("--text-column", default="text")
-    data.add_argument("--text-pair-column", help="second text of a pair (e.g. hypothesis), joined with [SEP]")
-    data.add_argument("--label-column", default="label", help="string or integer labels")
-    data.add_argument("--max-train-samples", type=int, help="train on a random subset of this size")
-    data.add_argument("--max-eval-samples", type=int, help="evaluate on random subsets of this size")
-    data.add_argument("--max-length", type=int, help=f"tokens per example after truncation (default: {DEFAULT_MAX_LENGTH} or the model's positions)")
-    data.add_argument(
-        "--truncation", choices=TRUNCATIONS, default="head",
-        help="which tokens of a long text to keep: the first ones, or the first quarter and the last three quarters",
-    )  # fmt: skip
-    train = parser.add_argument_group("training")
-    train.add_argument("--epochs", type=float, default=3.0)
-    train.add_argument("--batch-size", type=int, default=16)
-    train.add_argument("--eval-batch-size", type=int, default=64)
-    train.add_argument("--gradient-accumulation-steps", type=int, default=1)
-    train.add_argument("--learning-rate", type=float, default=5e-5)
-    train.add_argument("--weight-decay", type=float, default=0.01)
-    train.add_argument("--warmup-ratio", type=float, default=0.1, help="fraction of steps with a linear warmup")
-    train.add_argument("--best-metric", choices=METRICS, default="macro_f1", help="picks the epoch that is kept")
-    train.add_argument("--reinit-head", action="store_true", help="train a new head even if the checkpoint has one")
-    train.add_argument("--seed", type=int, default=42)
-    train.add_argument("--logging-steps", type=int, default=50)
-    train.add_argument("--overwrite", action="store_true", help="allow a non-empty --output-dir")
-    parser.set_defaults(func=_run_cli)
-
-
-def _run_cli(args) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    for name, value in (("epochs", args.epochs), ("batch-size", args.batch_size), ("gradient-accumulation-steps", args.gradient_accumulation_steps)):
-        if not value > 0 or (isinstance(value, float) and not math.isfinite(value)):
-            raise ValueError(f"--{name} must be positive, got {value}.")
-    results = finetune_text_classification(
-        args.checkpoint,
-        args.output_dir,
-        tokenizer=args.tokenizer,
-        train_files=args.train_file,
-        validation_files=args.validation_file,
-        test_files=args.test_file,
-        dataset_name=args.dataset,
-        dataset_config=args.dataset_config,
-        train_split=args.train_split,
-        validation_split=args.validation_split,
-        test_split=args.test_split,
-        validation_fraction=args.validation_fraction,
-        text_column=args.text_column,
-        text_pair_column=args.text_pair_column,
-        label_column=args.label_column,
-        max_train_samples=args.max_train_samples,
-        max_eval_samples=args.max_eval_samples,
-        max_length=args.max_length,
-        truncation=args.truncation,
-        epochs=args.epochs,
-        batch_size=args.batch_size,
-        eval_batch_size=args.eval_batch_size,
-        gradient_accumulation_steps=args.gradient_accumulation_steps,
-        learning_rate=args.learning_rate,
-        weight_decay=args.weight_decay,
-        warmup_ratio=args.warmup_ratio,
-        best_metric=args.best_metric,
-        reinit_head=args.reinit_head,
-        seed=args.seed,
-        logging_steps=args.logging_steps,
-        overwrite=args.overwrite,
-    )
-    summary = {split: {k: round(results[split][k], 4) for k in METRICS} for split in ("validation", "test") if split in results}
-    print(json.dumps({"output_dir": args.output_dir, **summary}))
-    return 0

@@ -6,19 +6,27 @@ One loop, the same on a laptop core or a cluster, written with Hugging Face Acce
     accelerate launch -m scratchbert.training.pretrain ...    # as many processes as `accelerate config` says
     accelerate launch scripts/pretrain.py ...                 # the same, through the thin script
 
-What happens, in order (each step is a function below):
-  1. `PretrainConfig` (file + flags) -> an `Accelerator` (mixed precision, gradient accumulation).
-  2. The tokenizer: loaded, or trained on the training text and saved into the run.
-  3. Documents -> examples (`datasets`, under `main_process_first`); a held-out split. The
-     recipe (config.RECIPES) decides what they are: contiguous text packed to full length
-     (`packed`, the default) or NSP sentence pairs (`paper`).
-  4. A `ScratchBertForMaskedLM` (or, with NSP, `ScratchBertForPreTraining`) of the preset's
-     geometry, AdamW (no decay on biases and LayerNorm), linear warmup then linear decay,
-     over steps or, with `--time-budget`, over elapsed training time.
-  5. The loop: `accumulate` / `backward` / clip / step; logs, evaluation every N steps
-     (`gather_for_metrics`), atomic checkpoints every N steps; `--resume` continues exactly.
-  6. The end: `save_pretrained` of model and tokenizer (loadable with the Auto classes and
-     `pipeline("fill-mask")`), a PNG of the curves, and fill-mask predictions.
+`pretrain(config)` reads as five steps, each a function below:
+
+  1. `setup`     `PretrainConfig` -> an `Accelerator`; the corpus, the tokenizer and the
+                 example datasets are built and checked *before* the output folder is
+                 touched (a bad input never damages a finished run); then the folder is
+                 prepared, and the model (`ScratchBertForMaskedLM`, or with NSP
+                 `ScratchBertForPreTraining`), AdamW and the schedule (over steps or, with
+                 `--time-budget`, over elapsed training time) are made and `prepare`d.
+                 The recipe (config.RECIPES) decides what the examples are: contiguous
+                 text packed to full length (`packed`, the default) or NSP sentence pairs
+                 (`paper`).
+  2. `resume`    with `--resume`, the latest checkpoint's weights, optimizer, schedule,
+                 RNG states and position in the data.
+  3. `train`     `accumulate` / `backward` / clip / step, until max_steps or the budget;
+                 each optimizer step then logs, evaluates and checkpoints on its schedule
+                 (`Run.after_step`).
+  4. `evaluate`  held-out MLM loss / accuracy / perplexity (and NSP accuracy), at 15%
+                 masking whatever the training rate.
+  5. `finish`    `save_pretrained` of model and tokenizer (loadable with the Auto classes
+                 and `pipeline("fill-mask")`), a PNG of the curves, and an orderly
+                 shutdown of the processes.
 
 Exact resumption needs every random draw to be reproducible from the checkpoint:
   - data order: Accelerate's seedable sampler (seed + epoch) and `skip_first_batches`;
@@ -27,36 +35,37 @@ Exact resumption needs every random draw to be reproducible from the checkpoint:
   - MLM masks: drawn by the collator from a generator seeded by (seed, epoch, example
     indices) — not from the global stream, because the DataLoader prepares the next batch
     before the current step runs, which would interleave mask and dropout draws
-    differently in a resumed run.
+    differently in a resumed run (`collator.SeededCollator`).
 """
 
 from __future__ import annotations
 
-import argparse
-import hashlib
 import json
 import math
-import sys
+import os
+import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from accelerate import Accelerator
 from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration, set_seed
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
+from scratchbert.errors import NonFiniteLossError, ScratchBertError
 from scratchbert.training import checkpoint as ckpt
-from scratchbert.training.collator import IGNORE_INDEX
-from scratchbert.training.config import DEFAULT_VOCAB_SIZE, PretrainConfig, add_config_arguments, config_from_args
+from scratchbert.training.collator import IGNORE_INDEX, MODEL_INPUTS, DataCollatorForPretraining, IndexedDataset, SeededCollator
+from scratchbert.training.config import DEFAULT_VOCAB_SIZE, PretrainConfig
 
 LOG_FILE = "train_log.jsonl"
 CURVES_FILE = "training_curves.png"
 TOKENIZER_DIR = "tokenizer"
 CONFIG_FILE = "pretrain_config.json"
-MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "labels", "next_sentence_label")
 EVAL_MLM_PROBABILITY = 0.15  # held-out MLM accuracy is always measured at BERT's masking rate
+# What a finished run leaves in its folder besides checkpoints/ (the model, its tokenizer, the record).
+FINAL_FILES = ("config.json", "model.safetensors", "pytorch_model.bin", "generation_config.json", LOG_FILE, CURVES_FILE)
 
 # Shown after the demo run (no --train-files / --dataset): sentences in the style of the
 # Python documentation the embedded corpus comes from, not copied from it.
@@ -68,10 +77,6 @@ DEMO_SENTENCES = (
 )
 
 
-class NonFiniteLossError(ValueError):
-    """The loss became NaN or infinite: training stops and nothing new is saved."""
-
-
 # ---------------------------------------------------------------------------------------------
 # 1. The accelerator
 # ---------------------------------------------------------------------------------------------
@@ -80,10 +85,20 @@ def _has_accelerator_device() -> bool:
 
 
 def build_accelerator(config: PretrainConfig) -> Accelerator:
-    """An Accelerator for this run; on a machine without GPUs, several processes use gloo on CPU."""
+    """An Accelerator for this run; on a machine without GPUs, several processes use gloo on CPU.
+
+    FSDP and DeepSpeed need accelerator devices: on a CPU-only machine a launch that asks for
+    them is refused with the DDP command to use instead, never silently turned into DDP.
+    """
     has_device = _has_accelerator_device()
     if config.mixed_precision == "fp16" and not has_device:
-        raise ValueError("mixed_precision='fp16' needs a GPU; on CPU use --mixed-precision bf16 (or no).")
+        raise ScratchBertError("mixed_precision='fp16' needs a GPU; on CPU use --mixed-precision bf16 (or no).")
+    for variable, name in (("ACCELERATE_USE_FSDP", "FSDP"), ("ACCELERATE_USE_DEEPSPEED", "DeepSpeed")):
+        if os.environ.get(variable, "false").lower() in ("1", "true", "yes") and not has_device:
+            raise ScratchBertError(
+                f"{name} shards the model across GPUs, and this machine has none. On CPU, run data-parallel (DDP over "
+                "gloo) instead: `accelerate launch --num_processes 2 -m scratchbert.training.pretrain ...`."
+            )
     trackers = _trackers(config.report_to)
     return Accelerator(
         # Without an accelerator device, `cpu=True` makes a multi-process launch (even
@@ -113,106 +128,82 @@ def _trackers(report_to: str) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------
-# 2. The output directory and the tokenizer
+# 2. The output folder: decided first, touched only once the inputs are known to be good
 # ---------------------------------------------------------------------------------------------
 def check_output_dir(config: PretrainConfig) -> dict | None:
     """Decide between a fresh start and a resumption; return the checkpoint's state to resume from.
 
-    Raises a ValueError when output_dir holds checkpoints and neither --resume nor
-    --overwrite says what to do, or when the checkpoint belongs to a different run.
+    Reads the folder only. Raises a ScratchBertError when output_dir holds a run (its
+    checkpoints, or a finished model) and neither --resume nor --overwrite says what to do,
+    or when the checkpoint belongs to a different run.
     """
-    if Path(config.output_dir).exists() and not Path(config.output_dir).is_dir():
-        raise ValueError(f"--output-dir {config.output_dir} is a file, not a directory: choose another path.")
-    existing = ckpt.list_checkpoints(config.output_dir)
-    if not existing:
-        return None
-    latest = existing[-1][1]
+    output_dir = Path(config.output_dir)
+    if output_dir.exists() and not output_dir.is_dir():
+        raise ScratchBertError(f"--output-dir {output_dir} is a file, not a directory: choose another path.")
+    existing = ckpt.list_checkpoints(output_dir)
     if config.overwrite:
         return None
     if not config.resume:
-        raise ValueError(
-            f"{config.output_dir} already holds a run (checkpoints up to {latest.name}). Pass --resume to continue "
-            "it, --overwrite to start over (its checkpoints are deleted), or choose another --output-dir."
+        if existing:
+            held = f"checkpoints up to {existing[-1][1].name}"
+        elif any((output_dir / name).exists() for name in (CONFIG_FILE, "config.json", "model.safetensors")):
+            held = "a saved model or a run's configuration"
+        else:
+            return None
+        raise ScratchBertError(
+            f"{output_dir} already holds a run ({held}). Pass --resume to continue it, --overwrite to start over "
+            "(its model and checkpoints are replaced once the new run's data is ready), or choose another --output-dir."
         )
+    if not existing:
+        return None
+    latest = existing[-1][1]
     state = ckpt.check_compatible(latest, config.to_dict())
     state["path"] = str(latest)
     return state
 
 
-def load_or_train_tokenizer(config: PretrainConfig, accelerator: Accelerator, resuming: bool, texts):
-    """The run's tokenizer, saved in output_dir/tokenizer so a resumed run uses the same one.
+def prepare_output_dir(config: PretrainConfig, accelerator: Accelerator, tokenizer, fresh_start: bool) -> None:
+    """Make the folder ready for the run, once its inputs are known to be good (main process writes).
 
-    Order of preference: the run's own copy when resuming; `--tokenizer` (a saved
-    directory or a vocab.txt); otherwise a WordPiece vocabulary trained on `texts()`
-    (by the main process; the others load what it saved).
+    With --overwrite the old checkpoints and final model go only now, after the new run's data
+    was built. A fresh start saves its tokenizer; a resumed run keeps the one it started with.
     """
-    from transformers import AutoTokenizer
-
-    from scratchbert.tokenization import tokenizer_from_vocab, train_tokenizer
-
-    own_copy = Path(config.output_dir) / TOKENIZER_DIR
-    with accelerator.main_process_first():
-        if resuming and own_copy.is_dir():
-            return AutoTokenizer.from_pretrained(own_copy)
-        if not accelerator.is_main_process:
-            return AutoTokenizer.from_pretrained(own_copy)
-        if config.tokenizer:
-            source = Path(config.tokenizer)
-            if source.is_dir():
-                tokenizer = AutoTokenizer.from_pretrained(source)
-            elif source.is_file():
-                tokenizer = tokenizer_from_vocab(source, lowercase=config.lowercase, model_max_length=config.max_position_embeddings)
-            else:
-                raise FileNotFoundError(f"--tokenizer {source}: no such directory or vocab.txt file.")
-        else:
-            tokenizer = train_tokenizer(
-                texts(),
-                vocab_size=config.vocab_size or DEFAULT_VOCAB_SIZE,
-                lowercase=config.lowercase,
-                model_max_length=config.max_position_embeddings,
-                show_progress=False,
-            )
-        tokenizer.save_pretrained(own_copy)
-        return tokenizer
-
-
-def check_vocabulary(tokenizer, model_config) -> None:
-    """The tokenizer's ids must index the model's embedding table one to one."""
-    if len(tokenizer) != model_config.vocab_size:
-        raise ValueError(
-            f"the tokenizer has {len(tokenizer)} tokens but the model's vocab_size is {model_config.vocab_size}: "
-            "ids would index the wrong (or no) embedding rows. Use the tokenizer the model was built for, or "
-            "set --vocab-size to the tokenizer's size (or leave it out)."
-        )
-    if tokenizer.pad_token_id != model_config.pad_token_id:
-        raise ValueError(
-            f"the tokenizer's [PAD] id is {tokenizer.pad_token_id} but the model's pad_token_id is {model_config.pad_token_id}."
-        )
+    output_dir = Path(config.output_dir)
+    if accelerator.is_main_process:
+        if config.overwrite:
+            shutil.rmtree(output_dir / ckpt.CHECKPOINTS, ignore_errors=True)
+            for name in FINAL_FILES:
+                (output_dir / name).unlink(missing_ok=True)
+        output_dir.mkdir(parents=True, exist_ok=True)
+        config.save(output_dir / CONFIG_FILE)
+        if fresh_start or not (output_dir / TOKENIZER_DIR).is_dir():
+            tokenizer.save_pretrained(output_dir / TOKENIZER_DIR)
+    accelerator.wait_for_everyone()
 
 
 # ---------------------------------------------------------------------------------------------
-# 3. Data
+# 3. Data: corpus -> tokenizer -> examples -> batches
 # ---------------------------------------------------------------------------------------------
 def load_corpus(config: PretrainConfig) -> list[str]:
     """The run's documents: --train-files, --dataset, or the embedded default corpus."""
-    from scratchbert.training import data
+    from scratchbert import ingestion
 
     if config.train_files:
-        documents = data.load_documents(config.train_files)["text"]
+        documents = ingestion.load_documents(config.train_files, text_column=config.text_column)["text"]
     elif config.dataset:
-        documents = data.load_documents(config.dataset, text_column=config.text_column)["text"]
+        documents = ingestion.load_documents(config.dataset, text_column=config.text_column)["text"]
     else:
-        documents = data.default_corpus_documents()
+        documents = ingestion.default_corpus_documents()
     documents = [doc for doc in documents if doc.strip()]
     if not documents:
-        raise ValueError("the training corpus holds no text: check --train-files / --dataset.")
+        raise ScratchBertError("the training corpus holds no text: check --train-files / --dataset.")
     return documents
 
 
 def split_documents(documents: list[str], eval_fraction: float, seed: int) -> tuple[list[str], list[str]]:
     """Hold out whole documents (never halves of one) for evaluation, chosen by a seeded shuffle."""
     if len(documents) < 4:
-        raise ValueError(
+        raise ScratchBertError(
             f"the corpus has {len(documents)} document(s); NSP needs several documents for random "
             "'NotNext' partners and a held-out split needs at least 2 more. Add text or split it into documents "
             "(blank lines separate documents in text files)."
@@ -222,6 +213,53 @@ def split_documents(documents: list[str], eval_fraction: float, seed: int) -> tu
     held_out = sorted(order[:n_eval])
     kept = sorted(order[n_eval:])
     return [documents[i] for i in kept], [documents[i] for i in held_out]
+
+
+def load_or_train_tokenizer(config: PretrainConfig, accelerator: Accelerator, resuming: bool, texts):
+    """The run's tokenizer: the run's own copy when resuming; `--tokenizer`; or one trained on `texts()`.
+
+    Nothing is written here. With several processes the main process trains it and hands
+    it to the others through a temporary folder beside the run's (removed right after).
+    """
+    from scratchbert.tokenization import load_tokenizer, train_tokenizer
+
+    own_copy = Path(config.output_dir) / TOKENIZER_DIR
+    if resuming and own_copy.is_dir():
+        return load_tokenizer(own_copy)
+    if config.tokenizer:
+        return load_tokenizer(config.tokenizer, max_length=config.max_position_embeddings)
+    handover = Path(config.output_dir).parent / f".tmp-tokenizer-{Path(config.output_dir).name}"
+    if accelerator.is_main_process:
+        tokenizer = train_tokenizer(
+            texts(),
+            vocab_size=config.vocab_size or DEFAULT_VOCAB_SIZE,
+            lowercase=config.lowercase,
+            model_max_length=config.max_position_embeddings,
+            show_progress=False,
+        )
+        if accelerator.num_processes > 1:
+            tokenizer.save_pretrained(handover)
+    accelerator.wait_for_everyone()
+    if not accelerator.is_main_process:
+        tokenizer = load_tokenizer(handover)
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process and handover.exists():
+        shutil.rmtree(handover)
+    return tokenizer
+
+
+def check_vocabulary(tokenizer, model_config) -> None:
+    """The tokenizer's ids must index the model's embedding table one to one."""
+    if len(tokenizer) != model_config.vocab_size:
+        raise ScratchBertError(
+            f"the tokenizer has {len(tokenizer)} tokens but the model's vocab_size is {model_config.vocab_size}: "
+            "ids would index the wrong (or no) embedding rows. Use the tokenizer the model was built for, or "
+            "set --vocab-size to the tokenizer's size (or leave it out)."
+        )
+    if tokenizer.pad_token_id != model_config.pad_token_id:
+        raise ScratchBertError(
+            f"the tokenizer's [PAD] id is {tokenizer.pad_token_id} but the model's pad_token_id is {model_config.pad_token_id}."
+        )
 
 
 def build_datasets(config: PretrainConfig, tokenizer, train_docs: list[str], eval_docs: list[str]):
@@ -254,9 +292,9 @@ def build_datasets(config: PretrainConfig, tokenizer, train_docs: list[str], eva
         try:
             dataset = datasets.concatenate_datasets([examples(tokenized, seed + copy) for copy in range(copies)])
         except ValueError as err:
-            raise ValueError(f"the {name} split ({len(docs)} documents): {err}") from None
+            raise ScratchBertError(f"the {name} split ({len(docs)} documents): {err}") from None
         if len(dataset) == 0:
-            raise ValueError(
+            raise ScratchBertError(
                 f"the {name} split produced no examples ({len(docs)} documents): the text is too short for "
                 f"examples of up to {config.max_seq_length} tokens. Add text or lower --max-seq-length"
                 + (" / raise --eval-fraction." if name == "held-out" else ".")
@@ -270,48 +308,7 @@ def build_datasets(config: PretrainConfig, tokenizer, train_docs: list[str], eva
     return train_dataset, eval_dataset
 
 
-class IndexedDataset(Dataset):
-    """Yields `(index, example)` so the collator can seed its masks from which examples it got."""
-
-    def __init__(self, dataset):
-        self.dataset = dataset
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getitem__(self, index: int):
-        return index, self.dataset[index]
-
-
-class SeededCollator:
-    """Runs the MLM collator with a generator seeded by (seed, epoch, example indices).
-
-    The masks of a batch are then a pure function of what is in it, independent of how
-    many batches the DataLoader prefetched, of the process count and of `num_workers`:
-    a resumed run draws exactly the masks the uninterrupted run drew, and the global RNG
-    is left to dropout alone. Set `epoch` before each epoch.
-    """
-
-    def __init__(self, collator, seed: int, epoch: int = 0, model_inputs=MODEL_INPUTS):
-        self.collator = collator
-        self.seed = seed
-        self.epoch = epoch
-        self.model_inputs = model_inputs
-
-    def batch_seed(self, indices) -> int:
-        key = f"{self.seed}:{self.epoch}:{','.join(map(str, indices))}".encode()
-        return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") >> 1
-
-    def __call__(self, items):
-        indices, examples = zip(*items)
-        self.collator.generator = torch.Generator().manual_seed(self.batch_seed(indices))
-        batch = self.collator(list(examples))
-        return {name: batch[name] for name in self.model_inputs if name in batch}
-
-
 def make_dataloaders(config: PretrainConfig, tokenizer, train_dataset, eval_dataset):
-    from scratchbert.training.collator import DataCollatorForPretraining
-
     def collator(mlm_probability: float):
         return DataCollatorForPretraining(tokenizer, mlm_probability=mlm_probability, whole_word_mask=config.whole_word_mask)
 
@@ -525,9 +522,54 @@ def weight_checksum(model: torch.nn.Module) -> float:
     return total.item()
 
 
+
+
 # ---------------------------------------------------------------------------------------------
-# 7. The loop
+# 7. The run, in steps: setup -> resume -> train -> finish
 # ---------------------------------------------------------------------------------------------
+@dataclass
+class Position:
+    """Where a run is: what a checkpoint records besides the weights and RNG states."""
+
+    step: int = 0  # optimizer steps taken
+    epoch: int = 0
+    batches_in_epoch: int = 0  # batches of this epoch already used (skipped on resume)
+    tokens_seen: int = 0
+    training_seconds: float = 0.0  # the clock a --time-budget runs on
+
+
+@dataclass
+class Run:
+    """What `setup` builds and the later steps use: one object instead of twenty locals."""
+
+    config: PretrainConfig
+    accelerator: Accelerator
+    tokenizer: object
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    train_loader: DataLoader
+    eval_loader: DataLoader
+    train_collate: SeededCollator
+    train_examples: int
+    eval_examples: int
+    vocab_size: int
+    budget_schedule: TimeBudgetSchedule | None = None
+    position: Position = field(default_factory=Position)
+    last_saved: str | None = None  # the newest checkpoint, named in error messages
+    eval_metrics: dict = field(default_factory=dict)
+
+    @property
+    def output_dir(self) -> Path:
+        return Path(self.config.output_dir)
+
+    def out_of_time(self) -> bool:
+        return self.config.time_budget is not None and self.position.training_seconds >= 60.0 * self.config.time_budget
+
+    def done(self) -> bool:
+        return (self.config.max_steps is not None and self.position.step >= self.config.max_steps) or self.out_of_time()
+
+
 @dataclass
 class PretrainResult:
     output_dir: Path
@@ -536,27 +578,17 @@ class PretrainResult:
     seconds: float
 
 
-def pretrain(config: PretrainConfig, model_class=None, config_class=None, timer=time.perf_counter) -> PretrainResult:
-    """Run (or resume) pretraining as `config` says; see the module docstring.
+def setup(config: PretrainConfig, model_class=None, config_class=None) -> tuple[Run, dict | None]:
+    """Step 1: build everything, checking the inputs before the output folder is touched.
 
-    `timer` is the clock a `--time-budget` is measured on (tests pass one of their own).
+    Returns the run and the checkpoint state to resume from (None for a fresh start).
     """
-    started, cpu_started = time.perf_counter(), time.process_time()
-    output_dir = Path(config.output_dir)
     accelerator = build_accelerator(config)
     resume_state = check_output_dir(config)
     set_seed(config.seed)  # weights and dropout; the data order and masks have seeds of their own
-    if accelerator.is_main_process:
-        if config.overwrite and (output_dir / ckpt.CHECKPOINTS).is_dir():
-            import shutil
 
-            shutil.rmtree(output_dir / ckpt.CHECKPOINTS)
-        output_dir.mkdir(parents=True, exist_ok=True)
-        config.save(output_dir / CONFIG_FILE)
-    accelerator.wait_for_everyone()
-
-    documents = load_corpus(config)
-    train_docs, eval_docs = split_documents(documents, config.eval_fraction, config.seed)
+    # The data, start to finish, while nothing has been written: a bad corpus fails here.
+    train_docs, eval_docs = split_documents(load_corpus(config), config.eval_fraction, config.seed)
     tokenizer = load_or_train_tokenizer(config, accelerator, resume_state is not None, lambda: train_docs)
     with accelerator.main_process_first():  # the main process builds (and caches) the datasets first
         train_dataset, eval_dataset = build_datasets(config, tokenizer, train_docs, eval_docs)
@@ -571,6 +603,10 @@ def pretrain(config: PretrainConfig, model_class=None, config_class=None, timer=
     else:
         vocab_size = len(tokenizer)
     model = build_model(config, tokenizer, vocab_size, model_class, config_class)
+
+    # Everything is known to be good: only now is the folder cleared (--overwrite) and written.
+    prepare_output_dir(config, accelerator, tokenizer, fresh_start=resume_state is None)
+
     optimizer = torch.optim.AdamW(
         parameter_groups(model, config.weight_decay),
         lr=config.learning_rate,
@@ -587,31 +623,189 @@ def pretrain(config: PretrainConfig, model_class=None, config_class=None, timer=
     model, optimizer, train_loader, eval_loader, scheduler = accelerator.prepare(
         model, optimizer, train_loader, eval_loader, scheduler
     )
+    run = Run(
+        config, accelerator, tokenizer, model, optimizer, scheduler, train_loader, eval_loader, train_collate,
+        len(train_dataset), len(eval_dataset), vocab_size, budget_schedule,
+    )  # fmt: skip
+    return run, resume_state
 
-    step, epoch, batches_in_epoch, tokens_seen, training_seconds = 0, 0, 0, 0, 0.0
-    if config.resume and resume_state is None:
-        accelerator.print(f"--resume: no checkpoint in {output_dir} yet, so training starts at step 0")
-    if resume_state is not None:
-        ckpt.load_checkpoint(accelerator, resume_state["path"])
-        step, epoch = resume_state["step"], resume_state["epoch"]
-        batches_in_epoch, tokens_seen = resume_state["batches_in_epoch"], resume_state.get("tokens_seen", 0)
-        training_seconds = resume_state.get("training_seconds", 0.0)
-        accelerator.print(f"resuming from {resume_state['path']} (step {step}, epoch {epoch})")
-        saved_processes = resume_state.get("num_processes", accelerator.num_processes)
-        if saved_processes != accelerator.num_processes:
-            # Each process skips its own batches; keep the number of examples seen about the same.
-            batches_in_epoch = batches_in_epoch * saved_processes // accelerator.num_processes
-            accelerator.print(
-                f"note: the checkpoint was written by {saved_processes} process(es), this run has "
-                f"{accelerator.num_processes}: data shards differ, so the run continues but not bit-exactly."
-            )
-    accelerator.init_trackers("pretrain", config={k: str(v) if isinstance(v, list) else v for k, v in config.to_dict().items()})
-    log = RunLog(accelerator, output_dir / LOG_FILE, step if resume_state is not None else None)
+
+def resume(run: Run, resume_state: dict | None) -> None:
+    """Step 2: with a checkpoint, restore weights, optimizer, schedule, RNG states and position."""
+    accelerator = run.accelerator
+    if resume_state is None:
+        if run.config.resume:
+            accelerator.print(f"--resume: no checkpoint in {run.output_dir} yet, so training starts at step 0")
+        return
+    ckpt.load_checkpoint(accelerator, resume_state["path"])
+    run.position = Position(**{name: resume_state[name] for name in Position.__dataclass_fields__ if name in resume_state})
+    run.last_saved = resume_state["path"]
+    accelerator.print(f"resuming from {resume_state['path']} (step {run.position.step}, epoch {run.position.epoch})")
+    saved_processes = resume_state.get("num_processes", accelerator.num_processes)
+    if saved_processes != accelerator.num_processes:
+        # Each process skips its own batches; keep the number of examples seen about the same.
+        run.position.batches_in_epoch = run.position.batches_in_epoch * saved_processes // accelerator.num_processes
+        accelerator.print(
+            f"note: the checkpoint was written by {saved_processes} process(es), this run has "
+            f"{accelerator.num_processes}: data shards differ, so the run continues but not bit-exactly."
+        )
+
+
+def train(run: Run, timer=time.perf_counter) -> RunLog:
+    """Step 3: `accumulate` / `backward` / clip / step until max_steps or the time budget.
+
+    After each optimizer step, `after_step` logs, evaluates and checkpoints on their schedules.
+    Returns the run's log for `finish`.
+    """
+    config, accelerator, position = run.config, run.accelerator, run.position
+    log = RunLog(accelerator, run.output_dir / LOG_FILE, position.step if run.last_saved else None)
+    _announce(run, log)
+    clock = TrainingClock(position.training_seconds, timer)
+    progress = _progress_bar(config, accelerator, position.step, position.training_seconds)
+    window = {"loss": torch.zeros((), device=accelerator.device), "batches": 0, "tokens": 0, "start": time.perf_counter()}
+    run.model.train()
+    clock.start()
+    try:
+        while not run.done():
+            run.train_collate.epoch = position.epoch
+            run.train_loader.set_epoch(position.epoch)
+            loader = run.train_loader
+            if position.batches_in_epoch:
+                loader = accelerator.skip_first_batches(run.train_loader, position.batches_in_epoch)
+            for batch in loader:
+                position.batches_in_epoch += 1
+                with accelerator.accumulate(run.model):
+                    loss = run.model(**batch).loss
+                    _stop_if_not_finite(accelerator, loss, position.step, run.last_saved, config)
+                    accelerator.backward(loss)
+                    if accelerator.sync_gradients and config.max_grad_norm > 0:
+                        accelerator.clip_grad_norm_(run.model.parameters(), config.max_grad_norm)
+                    run.optimizer.step()
+                    run.optimizer.zero_grad()
+                window["loss"] += loss.detach().float()
+                window["batches"] += 1
+                window["tokens"] += batch["attention_mask"].sum()  # a tensor: no device sync per step
+                if accelerator.sync_gradients:
+                    after_step(run, log, clock, progress, window)
+                if run.done():
+                    break
+            else:  # the epoch ran out before the run did: start the next one
+                position.epoch += 1
+                position.batches_in_epoch = 0
+    except KeyboardInterrupt:
+        progress.close()
+        where = f"the last checkpoint is {run.last_saved}; `--resume` continues from it" if run.last_saved else "no checkpoint was written yet"
+        accelerator.print(f"interrupted at step {position.step}: {where}.")
+        raise
+    clock.pause()
+    progress.close()
+    if run.out_of_time():
+        accelerator.print(f"the time budget of {config.time_budget:g} minutes is spent after {position.step} steps")
+    return log
+
+
+def after_step(run: Run, log: RunLog, clock: TrainingClock, progress, window: dict) -> None:
+    """One optimizer step is done: advance the schedule, then log / evaluate / save when due."""
+    config, accelerator, position = run.config, run.accelerator, run.position
+    before = position.training_seconds
+    timed = config.time_budget is not None
+    position.training_seconds = _synchronized_seconds(accelerator, clock) if timed else clock.seconds()
+    if run.budget_schedule is not None:
+        run.budget_schedule.elapsed = position.training_seconds
+    run.scheduler.step()
+    position.step += 1
+    progress.update(position.training_seconds - before if timed else 1)
+
+    if position.step % config.log_every == 0 or run.done():
+        record = _train_record(accelerator, window, position.step, position.epoch, run.scheduler)
+        position.tokens_seen += record.pop("tokens")
+        record.update(tokens_seen=position.tokens_seen, training_seconds=position.training_seconds)
+        log.write(record)
+        progress.set_postfix(step=position.step, loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_second']:.0f}")
+    # Evaluation and checkpoints stop the clock: a budget buys training, not bookkeeping.
+    if config.eval_every and position.step % config.eval_every == 0 and not run.done():
+        clock.pause()
+        run.eval_metrics = evaluate(run.model, run.eval_loader, accelerator)
+        log.write({"type": "eval", "step": position.step, "training_seconds": position.training_seconds, **run.eval_metrics})
+        clock.start()
+        window["start"] = time.perf_counter()
+    if config.save_every and position.step % config.save_every == 0:
+        clock.pause()
+        state = {**asdict(position), "num_processes": accelerator.num_processes, "model_vocab_size": run.vocab_size, "config": config.to_dict()}
+        run.last_saved = str(ckpt.save_checkpoint(accelerator, run.output_dir, position.step, state, config.keep_last))
+        clock.start()
+        window["start"] = time.perf_counter()  # throughput counts training time only
+
+
+def finish(run: Run, log: RunLog, started: float, cpu_started: float) -> PretrainResult:
+    """Step 5: the final evaluation, the saved model and tokenizer, the curves, an orderly shutdown."""
+    accelerator, position, output_dir = run.accelerator, run.position, run.output_dir
+    run.eval_metrics = evaluate(run.model, run.eval_loader, accelerator)
+    log.write({"type": "eval", "step": position.step, "training_seconds": position.training_seconds, **run.eval_metrics})
+    checksums = accelerator.gather(torch.tensor([weight_checksum(run.model)], dtype=torch.float64, device=accelerator.device))
+    save_final_model(accelerator, run.model, run.tokenizer, output_dir)
+    seconds = time.perf_counter() - started
     log.write(
         {
-            "type": "start", "step": step, "num_processes": accelerator.num_processes,
-            "train_examples": len(train_dataset), "eval_examples": len(eval_dataset),
-            "parameters": sum(p.numel() for p in model.parameters()), "vocab_size": len(tokenizer),
+            "type": "final", **asdict(position), "seconds": seconds, "cpu_seconds": time.process_time() - cpu_started,
+            "weight_checksums": checksums.tolist(), **run.eval_metrics,
+        }
+    )  # fmt: skip
+    if accelerator.is_main_process:
+        from scratchbert.training.plotting import plot_training_curves, read_log
+
+        plot_training_curves(read_log(output_dir / LOG_FILE), output_dir / CURVES_FILE, title=f"{run.config.preset} BERT")
+    metrics = run.eval_metrics
+    nsp = f", NSP accuracy {metrics['nsp_accuracy']:.3f}" if "nsp_accuracy" in metrics else ""
+    accelerator.print(
+        f"done in {seconds:.0f}s ({position.training_seconds:.0f}s of training): held-out MLM accuracy "
+        f"{metrics['mlm_accuracy']:.3f} (perplexity {metrics['perplexity']:.1f}){nsp}; model and tokenizer saved in {output_dir}"
+    )
+    shut_down(run)
+    return PretrainResult(output_dir, position.step, metrics, seconds)
+
+
+def shut_down(run: Run) -> None:
+    """Release the processes in an order that cannot hang.
+
+    A DistributedDataParallel model owns a gloo "reducer" whose threads wait on the process
+    group. Destroying the group while the reducer is alive (it would die later, at
+    interpreter exit) left a rank blocked in the reducer's destructor. So: drop every
+    reference to the wrapped model and optimizer first, collect them, wait for all ranks,
+    and only then end training, which closes the trackers and destroys the process group.
+    """
+    import gc
+
+    accelerator = run.accelerator
+    run.model = run.optimizer = run.scheduler = run.train_loader = run.eval_loader = None
+    accelerator.free_memory()  # Accelerate's own references to what it prepared
+    gc.collect()
+    accelerator.wait_for_everyone()
+    accelerator.end_training()
+
+
+def pretrain(config: PretrainConfig, model_class=None, config_class=None, timer=time.perf_counter) -> PretrainResult:
+    """Run (or resume) pretraining as `config` says: the steps of the module docstring.
+
+    `timer` is the clock a `--time-budget` is measured on (tests pass one of their own).
+    """
+    started, cpu_started = time.perf_counter(), time.process_time()
+    run, resume_state = setup(config, model_class, config_class)
+    resume(run, resume_state)
+    log = train(run, timer)
+    return finish(run, log, started, cpu_started)
+
+
+def _announce(run: Run, log: RunLog) -> None:
+    """The run's first log record and the one line a user reads before the progress bar."""
+    config, accelerator = run.config, run.accelerator
+    parameters = sum(p.numel() for p in run.model.parameters())
+    accelerator.init_trackers("pretrain", config={k: str(v) if isinstance(v, list) else v for k, v in config.to_dict().items()})
+    log.write(
+        {
+            "type": "start", "step": run.position.step, "num_processes": accelerator.num_processes,
+            "train_examples": run.train_examples, "eval_examples": run.eval_examples,
+            "parameters": parameters, "vocab_size": len(run.tokenizer),
         }
     )  # fmt: skip
     examples_per_step = config.batch_size * config.gradient_accumulation_steps * accelerator.num_processes
@@ -621,119 +815,11 @@ def pretrain(config: PretrainConfig, model_class=None, config_class=None, timer=
         length = f"{config.time_budget:g} minutes" + (f" (at most {config.max_steps} steps)" if config.max_steps else "")
     accelerator.print(
         f"pretraining a {config.preset} BERT (L={config.num_hidden_layers}, H={config.hidden_size}, "
-        f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, vocabulary {len(tokenizer)}) with the "
+        f"{parameters / 1e6:.1f}M parameters, vocabulary {len(run.tokenizer)}) with the "
         f"{config.recipe} recipe ({'MLM + NSP' if config.nsp else 'MLM'} on {config.packing}, "
-        f"{config.mlm_probability:.0%} masking, learning rate {config.learning_rate:g}) on {len(train_dataset)} examples "
-        f"({len(eval_dataset)} held out), {accelerator.num_processes} process(es), "
-        + f"{length} of {examples_per_step} examples"
+        f"{config.mlm_probability:.0%} masking, learning rate {config.learning_rate:g}) on {run.train_examples} examples "
+        f"({run.eval_examples} held out), {accelerator.num_processes} process(es), {length} of {examples_per_step} examples"
     )
-
-    clock = TrainingClock(training_seconds, timer)
-    progress = _progress_bar(config, accelerator, step, training_seconds)
-    window = {"loss": torch.zeros((), device=accelerator.device), "batches": 0, "tokens": 0, "start": time.perf_counter()}
-    last_saved = resume_state["path"] if resume_state is not None else None
-    eval_metrics: dict = {}
-    model.train()
-
-    def out_of_time() -> bool:
-        return config.time_budget is not None and training_seconds >= 60.0 * config.time_budget
-
-    def done() -> bool:
-        return (config.max_steps is not None and step >= config.max_steps) or out_of_time()
-
-    clock.start()
-    try:
-        while not done():
-            train_collate.epoch = epoch
-            train_loader.set_epoch(epoch)
-            loader = accelerator.skip_first_batches(train_loader, batches_in_epoch) if batches_in_epoch else train_loader
-            for batch in loader:
-                batches_in_epoch += 1
-                with accelerator.accumulate(model):
-                    loss = model(**batch).loss
-                    _stop_if_not_finite(accelerator, loss, step, last_saved, config)
-                    accelerator.backward(loss)
-                    if accelerator.sync_gradients and config.max_grad_norm > 0:
-                        accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm)
-                    optimizer.step()
-                    optimizer.zero_grad()
-                window["loss"] += loss.detach().float()
-                window["batches"] += 1
-                window["tokens"] += batch["attention_mask"].sum()  # a tensor: no device sync per step
-                if not accelerator.sync_gradients:
-                    continue
-                before = training_seconds
-                training_seconds = _synchronized_seconds(accelerator, clock) if config.time_budget is not None else clock.seconds()
-                if budget_schedule is not None:
-                    budget_schedule.elapsed = training_seconds
-                scheduler.step()
-                step += 1
-                progress.update(training_seconds - before if config.time_budget is not None else 1)
-                if step % config.log_every == 0 or done():
-                    record = _train_record(accelerator, window, step, epoch, scheduler)
-                    tokens_seen += record.pop("tokens")
-                    record.update(tokens_seen=tokens_seen, training_seconds=training_seconds)
-                    log.write(record)
-                    progress.set_postfix(step=step, loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_second']:.0f}")
-                if config.eval_every and step % config.eval_every == 0 and not done():
-                    clock.pause()
-                    eval_metrics = evaluate(model, eval_loader, accelerator)
-                    log.write({"type": "eval", "step": step, "training_seconds": training_seconds, **eval_metrics})
-                    clock.start()
-                    window["start"] = time.perf_counter()
-                if config.save_every and step % config.save_every == 0:
-                    clock.pause()
-                    state = {"step": step, "epoch": epoch, "batches_in_epoch": batches_in_epoch,
-                             "tokens_seen": tokens_seen, "training_seconds": training_seconds,
-                             "num_processes": accelerator.num_processes, "model_vocab_size": vocab_size,
-                             "config": config.to_dict()}  # fmt: skip
-                    last_saved = str(save_checkpoint(accelerator, output_dir, step, state, config.keep_last))
-                    clock.start()
-                    window["start"] = time.perf_counter()  # throughput counts training time only
-                if done():
-                    break
-            else:  # the epoch ran out before max_steps: start the next one
-                epoch += 1
-                batches_in_epoch = 0
-    except KeyboardInterrupt:
-        progress.close()
-        where = f"the last checkpoint is {last_saved}; `--resume` continues from it" if last_saved else "no checkpoint was written yet"
-        accelerator.print(f"interrupted at step {step}: {where}.")
-        raise
-    clock.pause()
-    progress.close()
-    if out_of_time():
-        accelerator.print(f"the time budget of {config.time_budget:g} minutes is spent after {step} steps")
-
-    eval_metrics = evaluate(model, eval_loader, accelerator)
-    log.write({"type": "eval", "step": step, "training_seconds": training_seconds, **eval_metrics})
-    checksums = accelerator.gather(torch.tensor([weight_checksum(model)], dtype=torch.float64, device=accelerator.device))
-    save_final_model(accelerator, model, tokenizer, output_dir)
-    log.write(
-        {
-            "type": "final", "step": step, "epoch": epoch, "tokens_seen": tokens_seen, "training_seconds": training_seconds,
-            "seconds": time.perf_counter() - started, "cpu_seconds": time.process_time() - cpu_started,
-            "weight_checksums": checksums.tolist(), **eval_metrics,
-        }
-    )  # fmt: skip
-    if accelerator.is_main_process:
-        from scratchbert.training.plotting import plot_training_curves, read_log
-
-        plot_training_curves(read_log(output_dir / LOG_FILE), output_dir / CURVES_FILE, title=f"{config.preset} BERT")
-    nsp = f", NSP accuracy {eval_metrics['nsp_accuracy']:.3f}" if "nsp_accuracy" in eval_metrics else ""
-    accelerator.print(
-        f"done in {time.perf_counter() - started:.0f}s ({training_seconds:.0f}s of training): held-out MLM accuracy "
-        f"{eval_metrics['mlm_accuracy']:.3f} (perplexity {eval_metrics['perplexity']:.1f}){nsp}; "
-        f"model and tokenizer saved in {output_dir}"
-    )
-    accelerator.wait_for_everyone()
-    accelerator.end_training()  # closes the trackers (and, when distributed, the process group)
-    return PretrainResult(output_dir, step, eval_metrics, time.perf_counter() - started)
-
-
-def save_checkpoint(accelerator, output_dir, step, state, keep_last):
-    """Indirection point of the loop's checkpoint writes (see `checkpoint.save_checkpoint`)."""
-    return ckpt.save_checkpoint(accelerator, output_dir, step, state, keep_last)
 
 
 def _progress_bar(config: PretrainConfig, accelerator: Accelerator, step: int, training_seconds: float):
@@ -804,96 +890,25 @@ def save_final_model(accelerator: Accelerator, model, tokenizer, output_dir: Pat
     accelerator.wait_for_everyone()
 
 
+
+
 # ---------------------------------------------------------------------------------------------
 # 8. Showing what the model learned
 # ---------------------------------------------------------------------------------------------
-def fill_mask_predictions(model_dir: str | Path, sentences, top_k: int = 5) -> list[tuple[str, list[tuple[str, float]]]]:
-    """Top-k fill-mask predictions of the saved model, loaded back through `pipeline("fill-mask")`."""
-    from transformers import pipeline
-    from transformers.utils import logging as transformers_logging
+def print_fill_mask(model_dir: str | Path, sentences, top_k: int = 5) -> None:
+    """The saved model's top guesses at each sentence's [MASK], loaded back from disk as a user would."""
+    from scratchbert.inspection import fill_mask, load_masked_lm
 
-    import scratchbert  # noqa: F401  (registers the model type with the Auto classes)
-
-    # The fill-mask model is the MLM head alone, so the pooler and NSP weights of the saved
-    # pretraining model are (rightly) unused; silence the load report that lists them.
-    verbosity, bars = transformers_logging.get_verbosity(), transformers_logging.is_progress_bar_enabled()
-    transformers_logging.set_verbosity_error()
-    transformers_logging.disable_progress_bar()
-    try:
-        fill = pipeline("fill-mask", model=str(model_dir), tokenizer=str(model_dir), device="cpu")
-    finally:
-        transformers_logging.set_verbosity(verbosity)
-        if bars:
-            transformers_logging.enable_progress_bar()
-    mask = fill.tokenizer.mask_token
-    results = []
+    model, tokenizer = load_masked_lm(model_dir)
+    print(f"\nwhat the model fills in (top {top_k}, loaded back from {model_dir}):")
     for sentence in sentences:
-        predictions = fill(sentence.replace("[MASK]", mask), top_k=top_k)
-        results.append((sentence, [(p["token_str"], p["score"]) for p in predictions]))
-    return results
+        for guesses in fill_mask(model, tokenizer, sentence, top_k):
+            print(f"  {sentence}\n      -> " + ", ".join(f"{token} ({p:.2f})" for token, p in guesses))
 
 
-def print_fill_mask(model_dir: str | Path, sentences) -> None:
-    print("\nwhat the model fills in (top 5, loaded back with pipeline('fill-mask')):")
-    for sentence, predictions in fill_mask_predictions(model_dir, sentences):
-        guesses = ", ".join(f"{token} ({score:.2f})" for token, score in predictions)
-        print(f"  {sentence}\n      -> {guesses}")
+if __name__ == "__main__":  # `accelerate launch -m scratchbert.training.pretrain ...`: the command's entry point
+    import sys
 
+    from scratchbert.commands.pretrain import main
 
-# ---------------------------------------------------------------------------------------------
-# Command line
-# ---------------------------------------------------------------------------------------------
-def _add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_config_arguments(parser)
-    parser.add_argument(
-        "--fill-mask",
-        nargs="*",
-        metavar="SENTENCE",
-        default=None,
-        help="sentences with [MASK] to complete at the end (default: Python-docs examples for the embedded corpus)",
-    )
-
-
-def run(args: argparse.Namespace) -> int:
-    config = config_from_args(args)
-    result = pretrain(config)
-    sentences = args.fill_mask
-    if sentences is None:
-        sentences = DEMO_SENTENCES if not (config.train_files or config.dataset) else ()
-    if sentences and _is_main_process():
-        print_fill_mask(result.output_dir, sentences)
-    return 0
-
-
-def _is_main_process() -> bool:
-    from accelerate import PartialState
-
-    return PartialState().is_main_process
-
-
-def add_cli(subparsers) -> None:
-    parser = subparsers.add_parser(
-        "pretrain",
-        help="pretrain BERT from scratch (recipe packed: MLM on packed text; paper: MLM + NSP); with no arguments, a tiny model on the embedded corpus",
-        description=__doc__.split("\n\n")[0],
-    )
-    _add_arguments(parser)
-    parser.set_defaults(func=run)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of `accelerate launch -m scratchbert.training.pretrain` and scripts/pretrain.py."""
-    from scratchbert.cli import CommandError
-
-    parser = argparse.ArgumentParser(prog="scratchbert.training.pretrain", description=__doc__.split("\n\n")[0])
-    _add_arguments(parser)
-    args = parser.parse_args(argv)
-    try:
-        return run(args)
-    except (CommandError, ValueError, FileNotFoundError) as err:
-        print(f"pretrain: error: {err}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
     sys.exit(main())

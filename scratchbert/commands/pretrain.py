@@ -1,0 +1,61 @@
+"""`scratchbert pretrain`: BERT from scratch (see `scratchbert.training.pretrain` for the loop).
+
+Several processes: `accelerate launch -m scratchbert.commands.pretrain ...` (or
+`accelerate launch scripts/pretrain.py ...`) runs this same command in each of them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from accelerate import PartialState
+
+from scratchbert.training.config import add_config_arguments, config_from_args
+from scratchbert.training.pretrain import DEMO_SENTENCES, pretrain, print_fill_mask
+
+HELP = (
+    "pretrain BERT from scratch (default recipe 'packed': MLM on text packed to full length; 'paper': MLM + NSP); "
+    "with no arguments, a tiny model on the embedded corpus"
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_config_arguments(parser)
+    parser.add_argument(
+        "--fill-mask",
+        nargs="*",
+        metavar="SENTENCE",
+        default=None,
+        help="sentences with [MASK] to complete at the end (default: Python-docs examples for the embedded corpus)",
+    )
+
+
+def add_parser(subparsers) -> None:
+    parser = subparsers.add_parser("pretrain", help=HELP, description=HELP)
+    add_arguments(parser)
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    config = config_from_args(args)
+    result = pretrain(config)
+    sentences = args.fill_mask
+    if sentences is None:  # the demo's sentences suit the embedded corpus only
+        sentences = DEMO_SENTENCES if not (config.train_files or config.dataset) else ()
+    if sentences and PartialState().is_main_process:
+        print_fill_mask(result.output_dir, sentences)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of `accelerate launch -m scratchbert.commands.pretrain` and scripts/pretrain.py."""
+    from scratchbert.commands import report_errors
+
+    parser = argparse.ArgumentParser(prog="scratchbert pretrain", description=HELP)
+    add_arguments(parser)
+    return report_errors(run, parser.parse_args(argv), "scratchbert pretrain")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
