@@ -333,6 +333,59 @@ def test_existing_run_needs_resume_or_overwrite(finished_run, tiny_config):
         pretrain(tiny_config(finished_run, gradient_accumulation_steps=2))
 
 
+def _snapshot(folder: Path) -> dict:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _copy_of(finished_run: Path, tmp_path: Path, checkpoints: bool = True) -> Path:
+    import shutil
+
+    run = tmp_path / "copy"
+    shutil.copytree(finished_run, run)
+    if not checkpoints:
+        shutil.rmtree(run / ckpt.CHECKPOINTS)
+    return run
+
+
+def test_a_finished_run_without_checkpoints_is_never_overwritten_by_accident(finished_run, tiny_config, tmp_path):
+    run = _copy_of(finished_run, tmp_path, checkpoints=False)
+    before = _snapshot(run)
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n")
+    with pytest.raises(ValueError, match="already holds a run.*saved model.*--overwrite"):
+        pretrain(tiny_config(run, train_files=[str(empty)]))  # bad data: refused before reading it
+    with pytest.raises(ValueError, match="already holds a run.*saved model.*--overwrite"):
+        pretrain(tiny_config(run))  # good data: still refused without --overwrite
+    assert _snapshot(run) == before
+
+
+def test_overwrite_replaces_old_state_only_once_the_new_data_is_built(finished_run, tiny_config, tmp_path):
+    run = _copy_of(finished_run, tmp_path)
+    before = _snapshot(run)
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n   \n")
+    with pytest.raises(ValueError, match="no documents|holds no text"):
+        pretrain(tiny_config(run, train_files=[str(empty)], overwrite=True))
+    with pytest.raises(FileNotFoundError, match="no such corpus file"):
+        pretrain(tiny_config(run, train_files=[str(tmp_path / "missing.txt")], overwrite=True))
+    assert _snapshot(run) == before  # every checkpoint and the finished model are still there
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    pretrain(tiny_config(run, overwrite=True, max_steps=4))
+    assert [step for step, _ in ckpt.list_checkpoints(run)] == [2, 4]  # the old run's 6 and 8 are gone
+    assert read_log(run)[-1]["step"] == 4
+
+
+def test_fsdp_and_deepspeed_on_cpu_are_refused_not_turned_into_ddp(monkeypatch):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: FSDP is allowed here")
+    for variable, name in (("ACCELERATE_USE_FSDP", "FSDP"), ("ACCELERATE_USE_DEEPSPEED", "DeepSpeed")):
+        with monkeypatch.context() as patch:
+            patch.setenv(variable, "true")
+            with pytest.raises(ValueError, match=f"{name} shards the model across GPUs.*DDP over gloo.*accelerate launch --num_processes 2"):
+                pretrain_module.build_accelerator(PretrainConfig())
+
+
 def test_incompatible_checkpoint_is_refused(finished_run, tiny_config):
     with pytest.raises(ValueError, match="different options(.|\n)*hidden_size: checkpoint 32, now 64"):
         pretrain(tiny_config(finished_run, gradient_accumulation_steps=2, resume=True, hidden_size=64))

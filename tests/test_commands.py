@@ -1,0 +1,182 @@
+"""The `scratchbert` command line as a whole: one error path, globs everywhere, corrupt weights.
+
+Each command is run in-process through `scratchbert.commands.main`, exactly as the console
+script runs it, on a tiny model and a few lines of text.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import scratchbert
+from scratchbert import ScratchBertForMaskedLM
+from scratchbert.commands import COMMANDS, main
+from scratchbert.tokenization import train_tokenizer
+from conftest import tiny_bert_config
+
+REPO = Path(__file__).resolve().parents[1]
+SENTENCES = [
+    "the cat sat on the mat and the dog sat on the log.",
+    "a good film with a good story and good actors.",
+    "a bad film with a bad story and bad actors.",
+    "the loop ends early when the break statement runs.",
+]
+
+
+@pytest.fixture(scope="module")
+def text_dir(tmp_path_factory) -> Path:
+    """Three small text files (documents separated by blank lines) in one folder."""
+    folder = tmp_path_factory.mktemp("texts")
+    for index in range(3):
+        documents = [" ".join(SENTENCES[(index + k) % 4] for _ in range(6)) for k in range(4)]
+        (folder / f"part{index}.txt").write_text("\n\n".join(documents) + "\n", encoding="utf-8")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory, text_dir) -> Path:
+    """A tiny masked-LM checkpoint with its tokenizer, as `scratchbert pretrain` leaves one."""
+    folder = tmp_path_factory.mktemp("model")
+    tokenizer = train_tokenizer(sorted(map(str, text_dir.glob("*.txt"))), vocab_size=80, min_frequency=1, show_progress=False)
+    torch.manual_seed(0)
+    ScratchBertForMaskedLM(tiny_bert_config(vocab_size=len(tokenizer), max_position_embeddings=64)).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture
+def corrupt_model_dir(model_dir, tmp_path) -> Path:
+    """The checkpoint with its model.safetensors cut in half (a copy interrupted mid-way)."""
+    folder = tmp_path / "corrupt"
+    folder.mkdir()
+    for path in model_dir.iterdir():
+        data = path.read_bytes()
+        (folder / path.name).write_bytes(data[: len(data) // 2] if path.name == "model.safetensors" else data)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def labelled_csvs(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("labelled")
+    for part in range(2):
+        rows = [f"{SENTENCES[(i + part) % 3]},{'pos' if 'good' in SENTENCES[(i + part) % 3] else 'neg'}" for i in range(12)]
+        (folder / f"train{part}.csv").write_text("text,label\n" + "\n".join(rows) + "\n", encoding="utf-8")
+    return folder
+
+
+def run(capsys, *argv) -> tuple[int, str, str]:
+    code = main([str(arg) for arg in argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+# --- the command line depends on the library, never the reverse ------------------------------
+
+
+def test_the_library_never_imports_the_command_line():
+    """No module of the library names `scratchbert.commands` or `scratchbert.cli` in an import
+    (the one exception: pretrain.py's `__main__` block, the `-m` entry of accelerate launch)."""
+    offenders = []
+    for path in (REPO / "scratchbert").rglob("*.py"):
+        if path.parts[-2] == "commands" or path.name in ("cli.py", "__main__.py"):
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        main_blocks = {id(n) for node in tree.body if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test) for n in ast.walk(node)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and id(node) not in main_blocks:
+                if (node.module or "").startswith(("scratchbert.commands", "scratchbert.cli")):
+                    offenders.append(f"{path.name}: from {node.module}")
+    assert not offenders, offenders
+
+
+def test_every_command_has_help_and_one_error_path(capsys):
+    names = {command.__name__.rsplit(".", 1)[-1].replace("_", "-") for command in COMMANDS}
+    assert {"train-tokenizer", "pretrain", "finetune", "fill-mask", "attention-map", "export-bert"} <= names
+    for name in names:
+        with pytest.raises(SystemExit) as exit_info:
+            main([name, "--help"])
+        assert exit_info.value.code == 0
+    assert "usage: scratchbert" in capsys.readouterr().out
+
+
+# --- globs work the same in every command that takes files -----------------------------------
+
+
+def test_train_tokenizer_expands_quoted_globs(text_dir, tmp_path, capsys):
+    code, out, err = run(capsys, "train-tokenizer", "--files", f"{text_dir}/*.txt", "--vocab-size", "70", "--min-frequency", "1", "--out", tmp_path / "tok")
+    assert code == 0, err
+    assert (tmp_path / "tok" / "vocab.txt").is_file() and "saved an uncased WordPiece tokenizer" in out
+    code, _, err = run(capsys, "train-tokenizer", "--files", f"{text_dir}/*.md", "--out", tmp_path / "tok2")
+    assert code == 2 and "matches the glob" in err and len(err.strip().splitlines()) == 1
+
+
+def test_pretrain_expands_quoted_globs(text_dir, model_dir, tmp_path, capsys, fresh_accelerator_state):
+    out = tmp_path / "run"
+    flags = ["--hidden-size", "32", "--num-hidden-layers", "1", "--num-attention-heads", "4", "--intermediate-size", "64",
+             "--max-position-embeddings", "64", "--max-seq-length", "32", "--batch-size", "4", "--max-steps", "2",
+             "--eval-every", "0", "--save-every", "0", "--no-progress-bar", "--report-to", "none"]  # fmt: skip
+    code, out_text, err = run(capsys, "pretrain", "--train-files", f"{text_dir}/part*.txt", "--tokenizer", model_dir, "--output-dir", out, *flags)
+    assert code == 0, err
+    log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    assert log[-1]["type"] == "final" and log[-1]["step"] == 2
+
+
+def test_finetune_expands_quoted_globs(labelled_csvs, model_dir, tmp_path, capsys):
+    code, out, err = run(
+        capsys, "finetune", model_dir, "--train-file", f"{labelled_csvs}/train*.csv", "--output-dir", tmp_path / "clf",
+        "--epochs", "1", "--batch-size", "8", "--max-length", "32", "--no-show-progress",
+    )  # fmt: skip
+    assert code == 0, err
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert 0.0 <= summary["validation"]["accuracy"] <= 1.0
+
+
+# --- truncated or corrupt weights: the same one line in every command ------------------------
+
+
+def test_corrupt_weights_give_one_line_in_every_command(corrupt_model_dir, labelled_csvs, tmp_path, capsys):
+    commands = {
+        "finetune": ["finetune", corrupt_model_dir, "--train-file", labelled_csvs / "train0.csv", "--output-dir", tmp_path / "clf"],
+        "export-bert": ["export-bert", corrupt_model_dir, tmp_path / "bert"],
+        "fill-mask": ["fill-mask", "the cat sat on the [MASK].", "--model", corrupt_model_dir],
+        "attention-map": ["attention-map", "the cat sat.", "--model", corrupt_model_dir, "--out", tmp_path / "a.png"],
+    }
+    for name, argv in commands.items():
+        code, _, err = run(capsys, *argv)
+        assert code == 2, (name, err)
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and "Traceback" not in err, (name, err)
+        assert lines[0].startswith(f"scratchbert {name}: error: ") and "model.safetensors is corrupt or incomplete" in lines[0], err
+    assert not (tmp_path / "bert" / "model.safetensors").exists()  # nothing exported from a corrupt file
+    assert not (tmp_path / "clf").exists()
+
+
+def test_export_bert_reads_back_what_it_wrote(model_dir, tmp_path, capsys):
+    from transformers import BertForMaskedLM
+
+    code, out, err = run(capsys, "export-bert", model_dir, tmp_path / "bert")
+    assert code == 0, err
+    ours = ScratchBertForMaskedLM.from_pretrained(model_dir).eval()
+    theirs = BertForMaskedLM.from_pretrained(tmp_path / "bert").eval()
+    ids = torch.tensor([[2, 10, 11, 12, 3]])
+    torch.testing.assert_close(theirs(ids).logits, ours(ids).logits, atol=1e-5, rtol=1e-5)
+
+
+def test_missing_weights_are_named(model_dir, tmp_path, capsys):
+    folder = tmp_path / "no_weights"
+    folder.mkdir()
+    (folder / "config.json").write_bytes((model_dir / "config.json").read_bytes())
+    code, _, err = run(capsys, "fill-mask", "a [MASK].", "--model", folder)
+    assert code == 2 and "has a config.json but no weights" in err
+
+
+def test_cli_module_keeps_its_old_names():
+    import scratchbert.cli
+
+    assert scratchbert.cli.main is main and issubclass(scratchbert.cli.CommandError, ValueError)
+    assert scratchbert.errors.ScratchBertError is scratchbert.cli.CommandError
