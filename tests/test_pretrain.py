@@ -382,7 +382,7 @@ def test_fsdp_and_deepspeed_on_cpu_are_refused_not_turned_into_ddp(monkeypatch):
     for variable, name in (("ACCELERATE_USE_FSDP", "FSDP"), ("ACCELERATE_USE_DEEPSPEED", "DeepSpeed")):
         with monkeypatch.context() as patch:
             patch.setenv(variable, "true")
-            with pytest.raises(ValueError, match=f"{name} shards the model across GPUs.*DDP over gloo.*accelerate launch --num_processes 2"):
+            with pytest.raises(ValueError, match=f"{name} shards the model across GPUs.*DDP over gloo.*accelerate launch --multi_gpu --num_processes 2 -m scratchbert.commands.pretrain"):
                 pretrain_module.build_accelerator(PretrainConfig())
 
 
@@ -447,6 +447,25 @@ def test_command_line_reports_errors_in_one_line(tmp_path, capsys):
 # --- several processes -------------------------------------------------------------------
 
 
+def run_launcher(command: list[str], env: dict, cwd: Path, timeout: float) -> tuple[int | None, str]:
+    """Run a multi-process launch; on a hang, kill every rank and return what they printed.
+
+    The launcher's ranks are its children: killing only the launcher would leave them holding
+    the output pipes (and the test waiting on them). So the launch gets a session of its own,
+    and the whole session is killed at the timeout.
+    """
+    import signal
+
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=cwd, start_new_session=True)
+    try:
+        output, _ = process.communicate(timeout=timeout)
+        return process.returncode, output
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        output, _ = process.communicate()
+        return None, f"the launch hung for {timeout:.0f}s and was killed; its ranks printed:\n{output}"
+
+
 def test_two_process_ddp_on_cpu(corpus_file, tokenizer_dir, tmp_path):
     """`accelerate launch --multi_gpu --num_processes 2`: gloo DDP on CPU."""
     output_dir = tmp_path / "ddp"
@@ -461,8 +480,8 @@ def test_two_process_ddp_on_cpu(corpus_file, tokenizer_dir, tmp_path):
         flag = "--" + name.replace("_", "-")
         command += [flag] if value is True else [f"--no-{flag[2:]}"] if value is False else [flag, str(value)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
-    assert done.returncode == 0, done.stderr[-3000:]
+    returncode, output = run_launcher(command, env, tmp_path, timeout=240)
+    assert returncode == 0, output[-4000:]
 
     records = read_log(output_dir)
     assert records[0]["num_processes"] == 2

@@ -3,7 +3,7 @@
 One loop, the same on a laptop core or a cluster, written with Hugging Face Accelerate:
 
     scratchbert pretrain                                      # one process; no arguments: the demo
-    accelerate launch -m scratchbert.training.pretrain ...    # as many processes as `accelerate config` says
+    accelerate launch -m scratchbert.commands.pretrain ...   # as many processes as `accelerate config` says
     accelerate launch scripts/pretrain.py ...                 # the same, through the thin script
 
 `pretrain(config)` reads as five steps, each a function below:
@@ -97,7 +97,7 @@ def build_accelerator(config: PretrainConfig) -> Accelerator:
         if os.environ.get(variable, "false").lower() in ("1", "true", "yes") and not has_device:
             raise ScratchBertError(
                 f"{name} shards the model across GPUs, and this machine has none. On CPU, run data-parallel (DDP over "
-                "gloo) instead: `accelerate launch --num_processes 2 -m scratchbert.training.pretrain ...`."
+                "gloo) instead: `accelerate launch --multi_gpu --num_processes 2 -m scratchbert.commands.pretrain ...` (no GPU needed)."
             )
     trackers = _trackers(config.report_to)
     return Accelerator(
