@@ -46,6 +46,7 @@ from typing_extensions import Unpack
 
 from .bert_padding import PackedSequences, is_tracing, labelled_tokens, pack_sequences, packed_attention, pad, unpad
 from .configuration_scratchbert import ScratchBertConfig
+from .errors import corrupt_weights
 from .cpu_gemm import linear, stack_qkv, use_bmm_attention
 
 IGNORE_INDEX = -100  # label value that contributes no loss, everywhere in scratchbert
@@ -479,6 +480,14 @@ def sequence_classification_loss(logits: torch.Tensor, labels: torch.Tensor, con
 # ---------------------------------------------------------------------------------------------
 # 11. The Hugging Face base class: configuration, weight initialisation, loading rules.
 # ---------------------------------------------------------------------------------------------
+def _weights_file(checkpoint: str) -> str:
+    """The weights file of a local checkpoint directory, to name in an error (else the directory)."""
+    for name in ("model.safetensors", "pytorch_model.bin"):
+        if os.path.isfile(os.path.join(checkpoint, name)):
+            return os.path.join(checkpoint, name)
+    return checkpoint
+
+
 class ScratchBertPreTrainedModel(PreTrainedModel):
     """Shared plumbing of every scratchbert model: `from_pretrained`, `save_pretrained`, initialisation.
 
@@ -514,9 +523,7 @@ class ScratchBertPreTrainedModel(PreTrainedModel):
         except (SafetensorError, RuntimeError, EOFError) as err:
             if isinstance(err, RuntimeError) and "PytorchStreamReader" not in str(err):
                 raise  # not a damaged file: e.g. a shape mismatch, whose own message is clear
-            raise ValueError(
-                f"The checkpoint in {path} is corrupt or truncated ({err.__class__.__name__}: {err}); re-save it with save_pretrained or copy it again."
-            ) from None
+            raise corrupt_weights(_weights_file(path), f"{err.__class__.__name__}: {err}") from None
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:

@@ -22,6 +22,7 @@ from scratchbert import (
     ScratchBertForTokenClassification,
     ScratchBertModel,
 )
+from scratchbert.errors import CorruptCheckpointError
 from scratchbert.modeling_scratchbert import additive_attention_mask, eager_attention, sdpa_attention
 
 VOCAB, HIDDEN, LAYERS, HEADS, SEQ = 99, 32, 2, 4, 9
@@ -322,8 +323,9 @@ def test_missing_and_corrupt_checkpoints_raise_clear_errors(tmp_path):
     corrupt.mkdir()
     (corrupt / "config.json").write_text((tmp_path / "good" / "config.json").read_text())
     (corrupt / "model.safetensors").write_bytes((tmp_path / "good" / "model.safetensors").read_bytes()[:500])
-    with pytest.raises(ValueError, match="corrupt or truncated"):
+    with pytest.raises(CorruptCheckpointError, match=r"model\.safetensors is corrupt or incomplete \(SafetensorError: ") as info:
         ScratchBertModel.from_pretrained(corrupt)
+    assert "\n" not in str(info.value)
 
 
 class _Exploit:

@@ -398,25 +398,19 @@ def _count_segments(batch: dict, max_num_tokens: int) -> dict:
     return {"num_segments": [len(cut_long_sentences(sentences, max_num_tokens)) for sentences in batch["sentences"]]}
 
 
-def _pairs_for_batch(batch: dict, indices: list[int], *, documents, seed, max_num_tokens, short_seq_prob, nsp_probability, cls_id, sep_id):
-    """Map function over usable documents; NotNext segments come from anywhere in `documents`."""
+def _pairs_of_documents(pieces_of, indices, partner_of, *, seed, max_num_tokens, short_seq_prob, nsp_probability, cls_id, sep_id) -> dict:
+    """The loop both map functions share: each document's sentence pairs, as example columns.
 
-    # Reading a document from Arrow costs its full length; small corpora draw the same
-    # documents again and again, so keep recent ones for the rest of this batch.
-    @functools.lru_cache(maxsize=256)
-    def document_pieces(index: int) -> list[TokenIds]:
-        return cut_long_sentences(documents[index]["sentences"], max_num_tokens)
-
+    pieces_of: each document's segments (`cut_long_sentences`); indices: their dataset indices
+    (which seed their generators); partner_of(slot, rng): a random *other* document's segments
+    for NotNext, or None when NotNext pairs cannot (or need not) be drawn.
+    """
     columns = _empty_columns()
-    for sentences, index in zip(batch["sentences"], indices):
-
-        def random_document(rng: random.Random, index: int = index) -> list[TokenIds]:
-            other = rng.randrange(len(documents) - 1)
-            return document_pieces(other + (other >= index))  # uniform over the other documents
-
+    for slot, (pieces, index) in enumerate(zip(pieces_of, indices)):
+        random_document = (lambda rng, slot=slot: partner_of(slot, rng)) if partner_of is not None else None
         pairs = create_pairs_from_document(
-            cut_long_sentences(sentences, max_num_tokens),
-            random_document if nsp_probability > 0 else None,
+            pieces,
+            random_document,
             _document_rng(seed, index),
             max_num_tokens=max_num_tokens,
             short_seq_prob=short_seq_prob,
@@ -427,29 +421,36 @@ def _pairs_for_batch(batch: dict, indices: list[int], *, documents, seed, max_nu
     return columns
 
 
-def _pairs_for_stream_batch(batch: dict, indices: list[int], *, seed, max_num_tokens, short_seq_prob, nsp_probability, cls_id, sep_id):
+def _pairs_for_batch(batch: dict, indices: list[int], *, documents, max_num_tokens, nsp_probability, **pairing) -> dict:
+    """Map function over usable documents; NotNext segments come from anywhere in `documents`."""
+
+    # Reading a document from Arrow costs its full length; small corpora draw the same
+    # documents again and again, so keep recent ones for the rest of this batch.
+    @functools.lru_cache(maxsize=256)
+    def document_pieces(index: int) -> list[TokenIds]:
+        return cut_long_sentences(documents[index]["sentences"], max_num_tokens)
+
+    def partner_of(slot: int, rng: random.Random) -> list[TokenIds]:
+        other = rng.randrange(len(documents) - 1)
+        return document_pieces(other + (other >= indices[slot]))  # uniform over the other documents
+
+    pieces_of = [cut_long_sentences(sentences, max_num_tokens) for sentences in batch["sentences"]]
+    partner = partner_of if nsp_probability > 0 else None
+    return _pairs_of_documents(pieces_of, indices, partner, max_num_tokens=max_num_tokens, nsp_probability=nsp_probability, **pairing)
+
+
+def _pairs_for_stream_batch(batch: dict, indices: list[int], *, max_num_tokens, nsp_probability, **pairing) -> dict:
     """Streaming variant: NotNext segments come from the other documents of the same batch."""
     documents = [cut_long_sentences(sentences, max_num_tokens) for sentences in batch["sentences"]]
     usable = [position for position, pieces in enumerate(documents) if len(pieces) >= 2]
-    columns = _empty_columns()
-    for slot, position in enumerate(usable):
 
-        def random_document(rng: random.Random, slot: int = slot) -> list[TokenIds]:
-            other = rng.randrange(len(usable) - 1)
-            other += other >= slot
-            return documents[usable[other]]
+    def partner_of(slot: int, rng: random.Random) -> list[TokenIds]:
+        other = rng.randrange(len(usable) - 1)
+        return documents[usable[other + (other >= slot)]]
 
-        pairs = create_pairs_from_document(
-            documents[position],
-            random_document if nsp_probability > 0 and len(usable) > 1 else None,
-            _document_rng(seed, indices[position]),
-            max_num_tokens=max_num_tokens,
-            short_seq_prob=short_seq_prob,
-            nsp_probability=nsp_probability,
-        )
-        for tokens_a, tokens_b, label in pairs:
-            _append_example(columns, tokens_a, tokens_b, label, cls_id, sep_id)
-    return columns
+    partner = partner_of if nsp_probability > 0 and len(usable) > 1 else None
+    pieces_of, kept_indices = [documents[p] for p in usable], [indices[p] for p in usable]
+    return _pairs_of_documents(pieces_of, kept_indices, partner, max_num_tokens=max_num_tokens, nsp_probability=nsp_probability, **pairing)
 
 
 def build_pretraining_dataset(
