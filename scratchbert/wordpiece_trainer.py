@@ -51,6 +51,8 @@ not to the corpus times the number of merges: the trainer keeps
                   merge next, one pushed whenever a pair's count changes; an entry whose
                   count is no longer the pair's count is stale and skipped when popped
                   ("lazy deletion"), so counts never have to be updated inside the heap.
+
+`segmentation_stats` judges a trained vocabulary: tokens per word on held-out text.
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ import heapq
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 
-__all__ = ["count_words", "train_wordpiece_vocab"]
+__all__ = ["count_words", "segmentation_stats", "train_wordpiece_vocab"]
 
 
 def count_words(batches_of_texts: Iterable[list[str]], normalizer=None, pre_tokenizer=None) -> Counter[str]:
