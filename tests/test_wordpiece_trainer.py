@@ -278,3 +278,16 @@ def test_close_to_the_tokenizers_trainer(shared_data):
     ours_per_word = segmentation_stats(ours, held_out)["tokens_per_word"]
     theirs_per_word = segmentation_stats(theirs, held_out)["tokens_per_word"]
     assert abs(ours_per_word - theirs_per_word) / theirs_per_word < 0.01
+
+
+@pytest.mark.slow
+def test_benchmark_script_runs(shared_data):
+    result = subprocess.run(
+        [sys.executable, "scripts/bench_wordpiece.py", "--quick", "--runs", "1", "--held-out-texts", "200"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "CPU:" in result.stdout and result.stdout.count("scratchbert ") == 2
