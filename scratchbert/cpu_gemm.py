@@ -1,72 +1,361 @@
-"""CPU-specific choices for BERT's matrix multiplies, each measured, each switchable.
+"""Which CPU kernel runs each matrix multiply of a linear layer: chosen by measurement, cached, overridable.
 
-How fast a CPU runs a matrix multiply depends on which instructions it has and which kernel
-oneDNN (bf16) or MKL (fp32) picks for the shape, and that differs between CPUs. This project
-has been measured on three kinds of CPU, and they disagree, so each choice below applies only
-on the kind of CPU where it measured faster:
+A linear layer with weight W (N, K) multiplies three times per training step, once in inference:
 
-- **With AMX** (Intel; `amx_bf16` in `torch.cpu.get_capabilities()`; oneDNN runs bf16 GEMMs on
-  AMX tiles): a bf16 `F.linear` with 768 outputs, bert-base's hidden size, slows down when its
-  input has between roughly 700 and 1,500 rows (`SLOW_ROW_WINDOWS`). There the rows are
-  multiplied in chunks that fall outside the window (`linear_chunked`), and the query, key and
-  value weights run as one stacked (3H, H) GEMM (`stack_qkv`).
-- **With AVX-512 BF16, no AMX** (AMD EPYC Zen 4): bf16 throughput does not depend on the row
-  count, so nothing is split and Q, K and V stay three GEMMs. Attention over short sequences
-  (`BMM_ATTENTION_MAX_LENGTH`) runs as two batched GEMMs around a softmax (the model's
-  `bmm_attention`) instead of `F.scaled_dot_product_attention`.
-- **With no bf16 instructions at all** (AVX2 only, AMD EPYC Zen 3): torch's bf16 GEMM has no
-  hardware to run on and is several times slower than fp32. So every bf16 linear layer runs on
-  the fp32 kernel over bf16 values (`linear_in_fp32`): inputs and weights rounded to bf16
-  exactly as a bf16 GEMM reads them, products and sums in fp32 (as oneDNN's bf16 kernels
-  accumulate), the output rounded to bf16 -- a bf16 GEMM's result up to summation order, at
-  fp32 speed. Attention in bf16 stays in SDPA, whose CPU kernel computes in fp32 inside; in
-  fp32, short sequences use the two batched GEMMs.
+    forward       y  = x · Wᵀ + b    (M, K) · (K, N)
+    grad_input    dx = g · W         (M, N) · (N, K)
+    grad_weight   dW = gᵀ · x        (N, M) · (M, K)
 
-The measurements behind each choice, and the commands that reproduce them (`python
-scripts/bench_gemm.py`, `python scripts/bench.py`), are in docs/performance.md. Set `AMX_BF16`,
-`BF16_UNITS` or `BMM_ATTENTION_MAX_LENGTH` by hand to try another choice on a new machine. Every
-path computes the same dot products (results agree up to floating-point rounding).
+and torch on a CPU has more than one kernel for each. Which is fastest depends on the CPU, the
+dtype and the shape, and the CPUs this project has run on disagree (docs/performance.md has the
+figures), so instead of a rule per CPU this module times the candidates:
+
+    "mkl"            torch's own call (`F.linear`, `matmul`): MKL's GEMM in fp32; in bf16 torch
+                     itself calls oneDNN
+    "onednn"         oneDNN's matmul (`torch.ops.mkldnn._linear_pointwise`) on the weight as it is
+    "onednn-packed"  the same on a copy of the weight reordered once into oneDNN's blocked layout
+                     (the forward product in inference only; the copy is kept per weight and
+                     rebuilt when the weight changes)
+    "fp32"           bf16 only: the bf16 values widened to fp32 (exact) and multiplied by the fp32
+                     kernel chosen for the same shape, the result rounded to bf16 -- a bf16 GEMM's
+                     result up to summation order (oneDNN's bf16 kernels accumulate in fp32 too),
+                     for CPUs without bf16 units, where torch's bf16 GEMM has no hardware
+
+The first time a product of a given kind meets a shape bucket (rows rounded up to a power of two,
+K, N), a dtype and a mode (training or inference), each available candidate runs a few times on
+random operands of that shape (a bounded microbenchmark: `MEASURE_FLOPS` per call, at most
+`MEASURE_ROUNDS` rounds, ~0.1 s per bucket), its result is checked against torch's own, and the
+fastest is kept for the rest of the process: a candidate that raises or disagrees is never chosen,
+and one must beat "mkl" by `MARGIN` to be chosen at all. Decisions also persist in a JSON file
+when `SCRATCHBERT_GEMM_CACHE` names one (keyed by CPU, torch version and thread count).
+`SCRATCHBERT_GEMM=mkl` turns all of this off (every product on torch's own call, the plain path),
+`SCRATCHBERT_GEMM=onednn` forces oneDNN, `auto` (the default) measures.
+
+Nothing is rerouted off the CPU, for dtypes other than fp32 and bf16, for products too small to
+matter (`MIN_FLOPS`), under a tracer or compiler (torch.compile, torch.export, ONNX export record
+the plain `F.linear`), or where this torch has no oneDNN (then only "mkl" and "fp32" remain).
+
+Three choices still follow the CPU's reported capabilities (`torch.cpu.get_capabilities()`; an
+unknown capability means "do not reroute"), each measured on the CPU it applies to:
+- with AMX, bf16 GEMMs with 768 outputs are split into row chunks inside `SLOW_ROW_WINDOWS`;
+- with AMX, in bf16, queries, keys and values come from one stacked GEMM (`stack_qkv`);
+- without AMX, short sequences attend through two batched GEMMs (`use_bmm_attention`).
 """
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import time
+import warnings
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-
-def _cpu_has(*features: str) -> bool:
-    """Whether this CPU reports any of `features` in `torch.cpu.get_capabilities()`."""
-    capabilities = getattr(torch.cpu, "get_capabilities", None)  # public since torch 2.6
-    return capabilities is not None and any(capabilities().get(name, False) for name in features)
-
-
-def _has_amx_bf16() -> bool:
-    """Whether this CPU has AMX tiles for bf16 (oneDNN then runs bf16 GEMMs on them)."""
-    return _cpu_has("amx_bf16")
-
-
-def _has_bf16_units() -> bool:
-    """Whether this CPU has bf16 dot-product instructions (AMX tiles or AVX-512 BF16) for oneDNN's bf16 GEMMs."""
-    return _cpu_has("amx_bf16", "avx512_bf16")
+# --------------------------------------------------------------------------------------------
+# What this CPU and this torch report
+# --------------------------------------------------------------------------------------------
+def _capabilities() -> dict | None:
+    """`torch.cpu.get_capabilities()` (public since torch 2.6), or None where torch cannot say."""
+    get = getattr(torch.cpu, "get_capabilities", None)
+    try:
+        return get() if get is not None else None
+    except Exception:  # noqa: BLE001 -- an unreadable CPU is an unknown one
+        return None
 
 
-AMX_BF16: bool = _has_amx_bf16()
-BF16_UNITS: bool = _has_bf16_units()
+def _onednn_available() -> bool:
+    """Whether this torch can call oneDNN's matmul directly (the "onednn" kernels)."""
+    ops = getattr(torch.ops, "mkldnn", None)
+    try:
+        return (torch.backends.mkldnn.is_available() and hasattr(ops, "_linear_pointwise")
+                and hasattr(ops, "_reorder_linear_weight"))
+    except Exception:  # noqa: BLE001 -- a torch built without oneDNN
+        return False
 
-# (in_features, out_features) -> (low, high): on AMX, a bf16 CPU GEMM of that shape with
-# low < rows < high is split into chunks of at most `low` rows. Measured for bert-base's two
-# 768-output projections (see the module docstring); fp16 was not measured.
-SLOW_ROW_WINDOWS: dict[tuple[int, int], tuple[int, int]] = {(768, 768): (640, 1536), (3072, 768): (640, 1344)}
 
-# Sequences up to this length attend through `bmm_attention`'s two batched GEMMs instead of SDPA on
-# CPUs without AMX, in fp32, and in bf16 where the CPU has bf16 units (0 turns it off). Measured on
-# bert-base heads (D = 64): up to 128 tokens with AVX-512 BF16; on the AVX2-only CPU a bert-base
-# forward on 8 x 128 tokens was 8% slower with it (the strided Q/K/V views need copies for `bmm`),
-# even from 64 to 96 tokens, and attention alone 20-35% faster below 64.
-BMM_ATTENTION_MAX_LENGTH = 128 if BF16_UNITS else 96
+CAPABILITIES: dict | None = _capabilities()
+AMX_BF16: bool = bool(CAPABILITIES and CAPABILITIES.get("amx_bf16", False))
+# None: unknown (the choices that depend on it are then not made).
+BF16_UNITS: bool | None = None if CAPABILITIES is None else bool(
+    CAPABILITIES.get("amx_bf16", False) or CAPABILITIES.get("avx512_bf16", False))
+ONEDNN: bool = _onednn_available()
+
+# --------------------------------------------------------------------------------------------
+# The kernels
+# --------------------------------------------------------------------------------------------
+PRODUCTS = ("forward", "grad_input", "grad_weight")
+KERNELS = ("mkl", "onednn", "onednn-packed", "fp32")
+OVERRIDES = ("auto", "mkl", "onednn")
+
+MIN_FLOPS = 2 * 64 * 768 * 768  # smaller products stay on torch's call: a measurement would not pay
+MEASURE_FLOPS = 1e9  # per timed call: ~5 ms at 200 GFLOP/s (the row count is cut to fit)
+MEASURE_ROUNDS = 5
+MEASURE_BUDGET_S = 0.1  # per bucket, after the first round
+MARGIN = 0.05  # another kernel must be this much faster than "mkl" to be chosen
+
+
+def _tracing() -> bool:
+    """Whether a tracer or compiler is recording: it must see the plain `F.linear`."""
+    return torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.onnx.is_in_onnx_export()
+
+
+class _PackedWeights:
+    """Each weight's copy in oneDNN's blocked layout, per dtype, rebuilt when the weight changes.
+
+    Keyed by the weight tensor's id with a weak reference (a tensor's `==` is elementwise, so
+    tensors cannot key a dict); the entry dies with the weight. An in-place update (optimizer step,
+    `load_state_dict`) bumps the weight's `_version`, a new storage changes its `data_ptr`.
+    """
+
+    def __init__(self):
+        self.entries: dict[tuple[int, torch.dtype, bool], tuple] = {}
+
+    def get(self, weight: torch.Tensor, dtype: torch.dtype, bf16_values: bool) -> torch.Tensor:
+        values = weight.detach().to(torch.bfloat16) if bf16_values else weight.detach()
+        pack = lambda: torch.ops.mkldnn._reorder_linear_weight(values.to(dtype).contiguous(), None)  # noqa: E731
+        if weight.is_inference():  # made under inference_mode: no version counter to watch, so no copy kept
+            return pack()
+        key = (id(weight), dtype, bf16_values)
+        stamp = (weight._version, weight.data_ptr())
+        entry = self.entries.get(key)
+        if entry is not None and entry[0]() is weight and entry[1] == stamp:
+            return entry[2]
+        packed = pack()
+        entries = self.entries
+        ref = weakref.ref(weight, lambda _, key=key: entries.pop(key, None))
+        self.entries[key] = (ref, stamp, packed)
+        return packed
+
+
+PACKED = _PackedWeights()
+
+
+def _cast(t: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    return None if t is None else t.to(dtype)
+
+
+def _multiply(kernel: str, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None,
+              weight: torch.Tensor | None = None, bf16_values: bool = False) -> torch.Tensor:
+    """a (M, K) · b (N, K)ᵀ + bias (N,) -> (M, N) on one kernel, in a's dtype; a and b may be transposed views.
+
+    b and bias are cast to a's dtype (a no-op when they have it). weight: the layer's weight, for
+    "onednn-packed", which multiplies its cached packed copy instead of b; bf16_values: the copy
+    must hold the weight's bf16 values widened to fp32 (the "fp32" kernel).
+    """
+    if kernel == "onednn-packed":
+        return torch.ops.mkldnn._linear_pointwise(a, PACKED.get(weight, a.dtype, bf16_values), _cast(bias, a.dtype),
+                                                  "none", [], "")
+    b, bias = _cast(b, a.dtype), _cast(bias, a.dtype)
+    if kernel == "mkl":
+        return F.linear(a, b, bias)
+    if kernel == "onednn":
+        return torch.ops.mkldnn._linear_pointwise(a, b, bias, "none", [], "")
+    raise ValueError(f"unknown GEMM kernel {kernel!r}; one of {KERNELS}")
+
+
+@dataclass(frozen=True)
+class Gemm:
+    """One kind of product at one shape bucket: what a kernel decision is keyed by.
+
+    rows: the layer's input rows M, rounded up to a power of two; k, n: the layer's in and out
+    features; inference: no gradient is being recorded (the packed weight is then a candidate).
+    """
+
+    product: str
+    rows: int
+    k: int
+    n: int
+    dtype: torch.dtype
+    inference: bool
+
+    def flops(self, rows: int | None = None) -> float:
+        return 2.0 * (rows or self.rows) * self.k * self.n
+
+    def key(self) -> str:
+        cpu = (CAPABILITIES or {}).get("cpu_name", "unknown CPU")
+        mode = "inference" if self.inference else "training"
+        return (f"{cpu}|torch {torch.__version__}|{torch.get_num_threads()} threads|{self.product}|"
+                f"{self.rows}x{self.k}x{self.n}|{str(self.dtype).removeprefix('torch.')}|{mode}")
+
+
+def candidates(gemm: Gemm) -> list[str]:
+    """The kernels that can run `gemm` here, "mkl" (torch's own call) first."""
+    found = ["mkl"]
+    if ONEDNN and torch.backends.mkldnn.enabled:
+        found.append("onednn")
+        if gemm.inference and gemm.product == "forward":
+            found.append("onednn-packed")
+    if gemm.dtype == torch.bfloat16:
+        found.append("fp32")
+    return found
+
+
+def _run(gemm: Gemm, kernel: str, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None,
+         weight: torch.Tensor | None = None) -> torch.Tensor:
+    """`gemm`'s product on `kernel`: a (M, K) · b (N, K)ᵀ + bias -> (M, N), in a's dtype (see `_multiply`)."""
+    if kernel != "fp32":
+        return _multiply(kernel, a, b, bias, weight)
+    inner = choose(Gemm(gemm.product, gemm.rows, gemm.k, gemm.n, torch.float32, gemm.inference))
+    widen = lambda t: None if t is None else t.to(torch.bfloat16).float()  # noqa: E731 -- bf16 -> fp32 is exact
+    with torch.autocast("cpu", enabled=False):  # or autocast would send the fp32 call back to bf16
+        return _multiply(inner, widen(a), widen(b), widen(bias), weight, bf16_values=True).to(a.dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# Choosing: measure once per bucket, remember
+# --------------------------------------------------------------------------------------------
+DECISIONS: dict[Gemm, str] = {}
+_disk: dict[str, dict[str, str]] = {}  # path -> its decisions, read once
+
+
+def _override() -> str:
+    value = os.environ.get("SCRATCHBERT_GEMM", "auto").strip().lower() or "auto"
+    if value not in OVERRIDES:
+        raise ValueError(f"SCRATCHBERT_GEMM={value!r}: use one of {', '.join(OVERRIDES)} "
+                         "(auto measures; mkl is torch's own call everywhere; onednn forces oneDNN)")
+    return value
+
+
+def _disk_decisions() -> tuple[Path | None, dict[str, str]]:
+    path = os.environ.get("SCRATCHBERT_GEMM_CACHE")
+    if not path:
+        return None, {}
+    if path not in _disk:
+        try:
+            _disk[path] = json.loads(Path(path).read_text())
+        except (OSError, ValueError):
+            _disk[path] = {}
+    return Path(path), _disk[path]
+
+
+def _operands(gemm: Gemm, rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """Random operands laid out as the layer's autograd passes them: (a, b, bias, weight)."""
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.randn(gemm.n, gemm.k, generator=gen).to(gemm.dtype)  # (N, K)
+    if gemm.product == "forward":
+        x = torch.randn(rows, gemm.k, generator=gen).to(gemm.dtype)
+        return x, weight, torch.randn(gemm.n, generator=gen).to(gemm.dtype), weight
+    grad = torch.randn(rows, gemm.n, generator=gen).to(gemm.dtype)  # (M, N)
+    if gemm.product == "grad_input":
+        return grad, weight.t(), None, weight  # g (M, N) · W (N, K)
+    x = torch.randn(rows, gemm.k, generator=gen).to(gemm.dtype)
+    return grad.t(), x.t(), None, weight  # gᵀ (N, M) · x (M, K)
+
+
+def measure(gemm: Gemm, rows: int | None = None, rounds: int = MEASURE_ROUNDS,
+            budget_s: float = MEASURE_BUDGET_S) -> dict[str, float]:
+    """Seconds per call of each candidate that runs `gemm` correctly (best of `rounds`; bounded).
+
+    rows: the row count to time at; by default `gemm.rows` cut so that a call is at most
+    `MEASURE_FLOPS` (at least 128 rows): throughput at these shapes changes little with the row
+    count. The rounds stop once `budget_s` has passed after the second. A candidate that raises,
+    or whose result is not torch's own to rounding, is left out.
+    """
+    rows = rows or max(min(gemm.rows, int(MEASURE_FLOPS // gemm.flops(1))), min(gemm.rows, 128))
+    tolerance = 1e-4 if gemm.dtype == torch.float32 else 2e-2  # relative, over the whole result
+    # Outside inference_mode even inside one: the packed copy of an inference tensor is not kept.
+    with torch.inference_mode(False), torch.no_grad(), torch.autocast("cpu", enabled=False):
+        a, b, bias, weight = _operands(gemm, rows)
+        reference = _run(gemm, "mkl", a, b, bias, weight).float()
+        working = []
+        for kernel in candidates(gemm):
+            try:
+                out = _run(gemm, kernel, a, b, bias, weight).float()  # also the warm-up
+            except Exception:  # noqa: BLE001 -- a kernel this build or CPU cannot run
+                continue
+            if out.shape == reference.shape and (out - reference).norm() <= tolerance * reference.norm():
+                working.append(kernel)
+        best = {kernel: math.inf for kernel in working}
+        start = time.perf_counter()
+        for round_ in range(rounds):
+            for kernel in working:  # interleaved, so a burst of load hits every candidate alike
+                begin = time.perf_counter()
+                _run(gemm, kernel, a, b, bias, weight)
+                best[kernel] = min(best[kernel], time.perf_counter() - begin)
+            if round_ >= 1 and time.perf_counter() - start > budget_s:
+                break
+    return best
+
+
+def choose(gemm: Gemm) -> str:
+    """The kernel for `gemm`: forced by `SCRATCHBERT_GEMM`, else measured once and remembered."""
+    override = _override()
+    available = candidates(gemm)
+    if override == "onednn":
+        if "onednn" not in available:
+            warnings.warn("SCRATCHBERT_GEMM=onednn, but this torch cannot call oneDNN: using torch's own call")
+            return "mkl"
+        return "onednn-packed" if "onednn-packed" in available else "onednn"
+    if override == "mkl" or available == ["mkl"]:
+        return "mkl"
+    if gemm in DECISIONS:
+        return DECISIONS[gemm]
+    path, saved = _disk_decisions()
+    kernel = saved.get(gemm.key())
+    if kernel not in available:
+        times = measure(gemm)
+        kernel = min(times, key=times.get) if times else "mkl"
+        if kernel != "mkl" and "mkl" in times and times[kernel] > (1 - MARGIN) * times["mkl"]:
+            kernel = "mkl"  # not a clear win: do not reroute
+        if path is not None:
+            saved[gemm.key()] = kernel
+            tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(saved, indent=1, sort_keys=True))
+            os.replace(tmp, path)
+    DECISIONS[gemm] = kernel
+    return kernel
+
+
+def bucket(rows: int) -> int:
+    """Rows rounded up to a power of two: the row part of a decision's key."""
+    return 1 << max(rows - 1, 0).bit_length()
+
+
+# --------------------------------------------------------------------------------------------
+# The linear layer
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Plan:
+    """The three products of one training call: their decision keys."""
+
+    forward: Gemm
+    grad_input: Gemm
+    grad_weight: Gemm
+
+
+class _MeasuredLinear(torch.autograd.Function):
+    """y = x · Wᵀ + b whose backward products run on their chosen kernels too.
+
+    x (M, K), weight (N, K), bias (N,) or None, all in the compute dtype -> (M, N).
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, plan: _Plan):
+        ctx.save_for_backward(x, weight)
+        ctx.plan = plan
+        ctx.has_bias = bias is not None
+        return _run(plan.forward, choose(plan.forward), x, weight, bias)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        plan = ctx.plan
+        grad = grad.contiguous()  # (M, N)
+        grad_x = grad_w = grad_b = None
+        if ctx.needs_input_grad[0]:
+            grad_x = _run(plan.grad_input, choose(plan.grad_input), grad, weight.t(), None)  # (M, K)
+        if ctx.needs_input_grad[1]:
+            grad_w = _run(plan.grad_weight, choose(plan.grad_weight), grad.t(), x.t(), None)  # (N, K)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            grad_b = grad.sum(0)  # (N,)
+        return grad_x, grad_w, grad_b, None
 
 
 def _compute_dtype(x: torch.Tensor) -> torch.dtype:
@@ -76,13 +365,39 @@ def _compute_dtype(x: torch.Tensor) -> torch.dtype:
     return x.dtype
 
 
-def _amx_bf16_gemm(device: torch.device, dtype: torch.dtype) -> bool:
-    return AMX_BF16 and device.type == "cpu" and dtype == torch.bfloat16
+def linear_weights(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`F.linear(x, weight, bias)`, (..., K) -> (..., N), each product on its measured kernel.
+
+    Equal to `F.linear` up to floating-point summation order, forward and backward, with fp32 or
+    bf16 weights and under bf16 autocast (the output then bf16, the gradients of fp32 weights
+    fp32, as autocast's).
+    """
+    dtype = _compute_dtype(x)
+    autocast = torch.is_autocast_enabled(x.device.type)
+    rows = x.numel() // x.size(-1) if x.dim() else 0
+    n, k = weight.shape if weight.dim() == 2 else (0, 0)
+    floats = (torch.float32, torch.bfloat16)
+    same_dtype = x.dtype == weight.dtype == dtype and (bias is None or bias.dtype == dtype)
+    if (x.device.type != "cpu" or dtype not in floats or _tracing() or _override() == "mkl"
+            or 2.0 * rows * k * n < MIN_FLOPS
+            or not (same_dtype or (autocast and x.dtype in floats and weight.dtype in floats))):
+        return F.linear(x, weight, bias)
+    size = bucket(rows)
+    flat = x.reshape(rows, k).to(dtype)  # (M, K); under autocast cast as autocast would
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias)):
+        plan = _Plan(*(Gemm(product, size, k, n, dtype, False) for product in PRODUCTS))
+        # The casts (no-ops without autocast) carry the gradients back to fp32 weights.
+        out = _MeasuredLinear.apply(flat, weight.to(dtype), _cast(bias, dtype), plan)
+    else:
+        gemm = Gemm("forward", size, k, n, dtype, True)
+        out = _run(gemm, choose(gemm), flat, weight, bias, weight)  # casts b as needed; packed: never
+    return out.view(*x.shape[:-1], n)
 
 
-def bf16_in_fp32(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether a bf16 matrix multiply on `device` runs on fp32 kernels: bf16 on a CPU with no bf16 units."""
-    return device.type == "cpu" and dtype == torch.bfloat16 and not BF16_UNITS
+# AMX only: (in_features, out_features) -> (low, high): a bf16 GEMM of that shape with
+# low < rows < high is split into chunks of at most `low` rows (measured on bert-base's two
+# 768-output projections; docs/performance.md).
+SLOW_ROW_WINDOWS: dict[tuple[int, int], tuple[int, int]] = {(768, 768): (640, 1536), (3072, 768): (640, 1344)}
 
 
 def window_chunks(rows: int, shape: tuple[int, int]) -> int:
@@ -96,51 +411,62 @@ def window_chunks(rows: int, shape: tuple[int, int]) -> int:
 
 def row_chunks(rows: int, shape: tuple[int, int], device: torch.device, dtype: torch.dtype) -> int:
     """How many chunks to split `rows` into (1 = no split) for a GEMM of shape (in_features, out_features)."""
-    return window_chunks(rows, shape) if _amx_bf16_gemm(device, dtype) else 1
-
-
-def linear_chunked(x: torch.Tensor, layer: nn.Linear, chunks: int) -> torch.Tensor:
-    """`layer(x)` for x (..., in_features) -> (..., out_features), its rows multiplied in `chunks` pieces.
-
-    Differentiable (each chunk is an ordinary `F.linear`; the chunks are concatenated).
-    """
-    if chunks == 1:
-        return layer(x)
-    rows = x.numel() // x.size(-1)
-    flat = x.reshape(rows, x.size(-1))  # (M, in)
-    out = torch.cat([F.linear(part, layer.weight, layer.bias) for part in flat.chunk(chunks)])  # (M, out)
-    return out.view(*x.shape[:-1], layer.out_features)
-
-
-def linear_in_fp32(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
-    """A bf16 `layer(x)` computed by the fp32 kernel: (..., in_features) -> (..., out_features) in bf16.
-
-    x, the weight and the bias are rounded to bf16 (what a bf16 GEMM reads; a no-op for bf16
-    tensors), widened to fp32 (exact), multiplied and summed in fp32, and the output rounded to
-    bf16. Works with bf16 weights and under bf16 autocast (switched off inside, so the fp32 kernel
-    runs); differentiable, and the gradients pass through the same roundings as autocast's.
-    """
-    bf16 = torch.bfloat16
-
-    def widen(t: torch.Tensor | None) -> torch.Tensor | None:
-        return None if t is None else t.to(bf16).float()
-
-    with torch.autocast(x.device.type, enabled=False):
-        out = F.linear(widen(x), widen(layer.weight), widen(layer.bias))  # (..., out) fp32
-    return out.to(bf16)
+    amx_bf16 = AMX_BF16 and device.type == "cpu" and dtype == torch.bfloat16
+    return window_chunks(rows, shape) if amx_bf16 else 1
 
 
 def linear(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
-    """`layer(x)`, (..., in_features) -> (..., out_features), the way this CPU runs it fastest.
+    """`layer(x)`, (..., in_features) -> (..., out_features), each product on its measured kernel.
 
-    bf16 on a CPU with no bf16 units: on the fp32 kernel (`linear_in_fp32`). bf16 on AMX: in row
-    chunks where oneDNN's GEMM is slow for the row count. Otherwise, and off the CPU: `layer(x)`.
+    On AMX CPUs in bf16, in row chunks where oneDNN's GEMM is slow for the row count.
     """
-    dtype = _compute_dtype(x)
-    if bf16_in_fp32(x.device, dtype):
-        return linear_in_fp32(x, layer)
-    rows = x.numel() // x.size(-1)
-    return linear_chunked(x, layer, row_chunks(rows, (layer.in_features, layer.out_features), x.device, dtype))
+    rows = x.numel() // x.size(-1) if x.dim() else 0
+    chunks = row_chunks(rows, (layer.in_features, layer.out_features), x.device, _compute_dtype(x))
+    if chunks == 1:
+        return linear_weights(x, layer.weight, layer.bias)
+    flat = x.reshape(rows, x.size(-1))  # (M, in)
+    out = torch.cat([linear_weights(part, layer.weight, layer.bias) for part in flat.chunk(chunks)])  # (M, out)
+    return out.view(*x.shape[:-1], layer.out_features)
+
+
+class MeasuredLinear(nn.Linear):
+    """An `nn.Linear` whose products run on their measured kernels: the same parameters and state dict."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self)
+
+
+def use_measured_kernels(module: nn.Module, enabled: bool = True) -> nn.Module:
+    """Make every `nn.Linear` inside `module` a `MeasuredLinear` (enabled=False: back to `nn.Linear`).
+
+    The modules change class in place (no new parameters, nothing to reload), so a model reads
+    `self.dense(x)` and gets the fast kernels once this is called on it.
+    """
+    old, new = (nn.Linear, MeasuredLinear) if enabled else (MeasuredLinear, nn.Linear)
+    for child in module.modules():
+        if type(child) is old:
+            child.__class__ = new
+    return module
+
+
+def bf16_in_fp32(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether bf16 matrix multiplies on `device` run on fp32 kernels (measured at bert-base's feed-forward shape).
+
+    True on CPUs where torch's bf16 GEMM has no hardware; `bert_padding` then weighs attention
+    calls as in fp32.
+    """
+    if device.type != "cpu" or dtype != torch.bfloat16 or _override() == "mkl":
+        return False
+    return choose(Gemm("forward", 512, 768, 3072, torch.bfloat16, True)) == "fp32"
+
+
+# --------------------------------------------------------------------------------------------
+# Attention and the Q/K/V projection: still by CPU capability
+# --------------------------------------------------------------------------------------------
+# Sequences up to this length attend through `bmm_attention`'s two batched GEMMs instead of SDPA on
+# CPUs without AMX, in fp32, and in bf16 where the CPU has bf16 units (0 turns it off; so does an
+# unknown CPU). Measured on bert-base heads (docs/performance.md).
+BMM_ATTENTION_MAX_LENGTH = 0 if BF16_UNITS is None else 128 if BF16_UNITS else 96
 
 
 def stack_qkv(x: torch.Tensor) -> bool:
@@ -150,7 +476,7 @@ def stack_qkv(x: torch.Tensor) -> bool:
     measured faster; no on other CPUs, where three GEMMs measured as fast without the per-call
     weight concatenation.
     """
-    return x.device.type != "cpu" or _amx_bf16_gemm(x.device, _compute_dtype(x))
+    return x.device.type != "cpu" or (AMX_BF16 and _compute_dtype(x) == torch.bfloat16)
 
 
 def use_bmm_attention(query: torch.Tensor) -> bool:
@@ -161,4 +487,4 @@ def use_bmm_attention(query: torch.Tensor) -> bool:
     """
     if query.device.type != "cpu" or AMX_BF16 or query.size(-2) > BMM_ATTENTION_MAX_LENGTH:
         return False
-    return query.dtype == torch.float32 or (query.dtype == torch.bfloat16 and BF16_UNITS)
+    return query.dtype == torch.float32 or (query.dtype == torch.bfloat16 and bool(BF16_UNITS))

@@ -1,13 +1,17 @@
-"""cpu_gemm: the CPU-specific matrix-multiply choices give the same results as the plain ones.
+"""cpu_gemm: every kernel gives the plain `F.linear`'s results, and the choice among them is sound.
 
-Which choice runs depends on the CPU (`cpu_gemm.AMX_BF16`, `cpu_gemm.BF16_UNITS`); the tests set
-each profile in turn (AMX; AVX-512 BF16 without AMX; no bf16 instructions), so every path is
-checked on any machine.
+Which kernel the measurement picks depends on the machine, so the tests force each one in turn
+(by handing `choose` a measurement that favours it) and check the outputs and gradients against
+the plain path: fp32 to 1e-5 relative, bf16 to bf16 rounding. The CPU-capability choices
+(`cpu_gemm.AMX_BF16`, `cpu_gemm.BF16_UNITS`) are set for each kind of CPU in turn, so every path is
+checked on any machine. No test asserts a timing.
 """
 
 from __future__ import annotations
 
 import copy
+import gc
+import json
 
 import pytest
 import torch
@@ -19,10 +23,383 @@ from scratchbert import ScratchBertConfig, ScratchBertModel, cpu_gemm
 from scratchbert.bert_padding import CALL_COST, REDUCED_PRECISION_CALL_COST, default_call_cost
 
 CPU = torch.device("cpu")
+FP32_REL = 1e-5
+BF16_REL = 2e-2  # a bf16 product summed in another order, and rounded once more: well inside this
+
+needs_onednn = pytest.mark.skipif(not cpu_gemm.ONEDNN, reason="this torch cannot call oneDNN")
 
 
-# (AMX_BF16, BF16_UNITS) of each kind of CPU the choices were measured on.
-PROFILES = {"amx": (True, True), "avx512_bf16": (False, True), "no_bf16": (False, False)}
+@pytest.fixture(autouse=True)
+def fresh_decisions(monkeypatch):
+    """Each test starts with no remembered decision, no disk cache, auto mode, every product rerouted."""
+    monkeypatch.setattr(cpu_gemm, "DECISIONS", {})
+    monkeypatch.setattr(cpu_gemm, "_disk", {})
+    monkeypatch.delenv("SCRATCHBERT_GEMM", raising=False)
+    monkeypatch.delenv("SCRATCHBERT_GEMM_CACHE", raising=False)
+    monkeypatch.setattr(cpu_gemm, "MIN_FLOPS", 0)
+    yield
+    cpu_gemm.PACKED.entries.clear()
+
+
+def favour(monkeypatch, kernel: str, fp32_kernel: str = "mkl") -> list[cpu_gemm.Gemm]:
+    """Make the measurement find `kernel` fastest wherever it can run (else "mkl"), and fp32 products
+    of the "fp32" kernel `fp32_kernel`. Returns the list of products measured."""
+    measured = []
+
+    def measure(gemm):
+        measured.append(gemm)
+        wanted = fp32_kernel if gemm.dtype == torch.float32 and kernel == "fp32" else kernel
+        return {k: (0.5 if k == wanted else 1.0) for k in cpu_gemm.candidates(gemm)}
+
+    monkeypatch.setattr(cpu_gemm, "measure", measure)
+    return measured
+
+
+def relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+# ---- the choice ---------------------------------------------------------------------------
+def gemm(product="forward", dtype=torch.float32, inference=True, rows=256):
+    return cpu_gemm.Gemm(product, rows, 48, 40, dtype, inference)
+
+
+def test_candidates_by_product_dtype_and_mode():
+    dnn = ["onednn"] if cpu_gemm.ONEDNN else []
+    assert cpu_gemm.candidates(gemm()) == ["mkl", *dnn, *(["onednn-packed"] if dnn else [])]
+    assert cpu_gemm.candidates(gemm(inference=False)) == ["mkl", *dnn]  # training: the weight changes every step
+    assert cpu_gemm.candidates(gemm("grad_weight", inference=False)) == ["mkl", *dnn]
+    assert cpu_gemm.candidates(gemm("grad_input", torch.bfloat16, False)) == ["mkl", *dnn, "fp32"]
+
+
+def test_a_machine_without_onednn_falls_back_cleanly(monkeypatch):
+    monkeypatch.setattr(cpu_gemm, "ONEDNN", False)
+    assert cpu_gemm.candidates(gemm()) == ["mkl"]
+    assert cpu_gemm.candidates(gemm(dtype=torch.bfloat16)) == ["mkl", "fp32"]
+    assert cpu_gemm.choose(gemm()) == "mkl"  # one candidate: nothing to measure
+    monkeypatch.setenv("SCRATCHBERT_GEMM", "onednn")
+    with pytest.warns(UserWarning, match="cannot call oneDNN"):
+        assert cpu_gemm.choose(gemm()) == "mkl"
+    monkeypatch.delenv("SCRATCHBERT_GEMM")
+    layer, x = nn.Linear(48, 40), torch.randn(300, 48)
+    torch.testing.assert_close(cpu_gemm.linear(x, layer), F.linear(x, layer.weight, layer.bias))
+
+
+@needs_onednn
+@pytest.mark.parametrize("override, inference, expected", [
+    ("mkl", True, "mkl"), ("mkl", False, "mkl"),
+    ("onednn", True, "onednn-packed"), ("onednn", False, "onednn"),
+])
+def test_the_override_decides_without_measuring(monkeypatch, override, inference, expected):
+    measured = favour(monkeypatch, "onednn")
+    monkeypatch.setenv("SCRATCHBERT_GEMM", override)
+    for _ in range(2):
+        assert cpu_gemm.choose(gemm(inference=inference)) == expected
+    assert measured == [] and cpu_gemm.DECISIONS == {}
+
+
+def test_a_bad_override_says_what_to_write(monkeypatch):
+    monkeypatch.setenv("SCRATCHBERT_GEMM", "fastest")
+    with pytest.raises(ValueError, match="one of auto, mkl, onednn"):
+        cpu_gemm.choose(gemm())
+
+
+@needs_onednn
+def test_auto_measures_each_bucket_once_and_needs_a_clear_win(monkeypatch):
+    measured = favour(monkeypatch, "onednn")
+    assert cpu_gemm.choose(gemm()) == "onednn"
+    assert cpu_gemm.choose(gemm()) == "onednn" and len(measured) == 1  # remembered
+    assert cpu_gemm.choose(gemm(inference=False)) == "onednn" and len(measured) == 2  # another mode, another key
+    monkeypatch.setattr(cpu_gemm, "measure", lambda g: {"mkl": 1.0, "onednn": 0.97})  # 3%: below MARGIN
+    assert cpu_gemm.choose(gemm(rows=512)) == "mkl"
+
+
+@needs_onednn
+def test_a_kernel_that_fails_or_disagrees_is_never_chosen(monkeypatch):
+    original = cpu_gemm._multiply
+
+    def broken(kernel, a, b, bias, weight=None, bf16_values=False):
+        if kernel == "onednn":
+            raise RuntimeError("no primitive for this shape")
+        out = original(kernel, a, b, bias, weight, bf16_values)
+        return out + 1.0 if kernel == "onednn-packed" else out  # a wrong answer
+
+    monkeypatch.setattr(cpu_gemm, "_multiply", broken)
+    times = cpu_gemm.measure(gemm(rows=64))
+    assert set(times) == {"mkl"}
+    assert cpu_gemm.choose(gemm(rows=64)) == "mkl"
+
+
+def test_measure_times_every_working_candidate(monkeypatch):
+    monkeypatch.setattr(cpu_gemm, "MEASURE_ROUNDS", 2)
+    for g in (gemm(), gemm("grad_input", inference=False), gemm("grad_weight", torch.bfloat16, False)):
+        times = cpu_gemm.measure(g)
+        assert set(times) == set(cpu_gemm.candidates(g))
+        assert all(0 < t < float("inf") for t in times.values())
+    with torch.inference_mode():  # where inference usually runs: the packed weight is measured too
+        assert set(cpu_gemm.measure(gemm(dtype=torch.bfloat16))) == set(cpu_gemm.candidates(gemm(dtype=torch.bfloat16)))
+
+
+@needs_onednn
+def test_decisions_persist_on_disk_and_only_available_kernels_are_read(monkeypatch, tmp_path):
+    path = tmp_path / "gemm.json"
+    monkeypatch.setenv("SCRATCHBERT_GEMM_CACHE", str(path))
+    favour(monkeypatch, "onednn")
+    assert cpu_gemm.choose(gemm()) == "onednn"
+    saved = json.loads(path.read_text())
+    assert saved == {gemm().key(): "onednn"}
+    assert "threads" in gemm().key() and "inference" in gemm().key()
+
+    # A new process (no decisions in memory) reads the file instead of measuring.
+    monkeypatch.setattr(cpu_gemm, "DECISIONS", {})
+    monkeypatch.setattr(cpu_gemm, "_disk", {})
+    monkeypatch.setattr(cpu_gemm, "measure", lambda g: pytest.fail("measured despite the cache"))
+    assert cpu_gemm.choose(gemm()) == "onednn"
+
+    # An entry naming a kernel this machine cannot run is measured again.
+    path.write_text(json.dumps({gemm().key(): "onednn-packed", gemm(rows=512).key(): "fp32"}))
+    monkeypatch.setattr(cpu_gemm, "DECISIONS", {})
+    monkeypatch.setattr(cpu_gemm, "_disk", {})
+    measured = favour(monkeypatch, "mkl")
+    assert cpu_gemm.choose(gemm()) == "onednn-packed"
+    assert cpu_gemm.choose(gemm(rows=512)) == "mkl" and len(measured) == 1
+
+
+@pytest.mark.parametrize("rows, size", [(1, 1), (2, 2), (3, 4), (430, 512), (512, 512), (2048, 2048)])
+def test_rows_bucket_to_powers_of_two(rows, size):
+    assert cpu_gemm.bucket(rows) == size
+
+
+# ---- every kernel equals the plain path --------------------------------------------------
+# (kernel, dtype, autocast): bf16 with bf16 weights and under autocast on fp32 weights.
+KERNEL_CASES = [
+    *((kernel, torch.float32, False) for kernel in ("mkl", "onednn", "onednn-packed")),
+    *((kernel, torch.bfloat16, autocast) for kernel in ("mkl", "onednn", "onednn-packed", "fp32") for autocast in (False, True)),
+]
+
+
+def check_kernel_available(kernel):
+    if kernel.startswith("onednn") and not cpu_gemm.ONEDNN:
+        pytest.skip("this torch cannot call oneDNN")
+
+
+@pytest.mark.parametrize("kernel, dtype, autocast", KERNEL_CASES)
+def test_every_kernel_equals_f_linear_forward(monkeypatch, kernel, dtype, autocast):
+    check_kernel_available(kernel)
+    favour(monkeypatch, kernel, fp32_kernel="onednn" if cpu_gemm.ONEDNN else "mkl")
+    torch.manual_seed(0)
+    layer = nn.Linear(96, 80).to(torch.float32 if autocast else dtype)
+    x = torch.randn(3, 50, 96, dtype=layer.weight.dtype)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        out = cpu_gemm.linear(x, layer)
+        plain = layer(x)
+    assert out.shape == (3, 50, 80) and out.dtype == plain.dtype
+    assert relative(out, plain) <= (FP32_REL if dtype == torch.float32 else BF16_REL)
+    assert kernel in set(cpu_gemm.DECISIONS.values())
+
+
+@pytest.mark.parametrize("kernel, dtype, autocast", [case for case in KERNEL_CASES if case[0] != "onednn-packed"])
+def test_every_kernel_equals_f_linear_backward(monkeypatch, kernel, dtype, autocast):
+    """Forward, grad_input = g·W, grad_weight = gᵀ·x and the bias gradient, all three products forced."""
+    check_kernel_available(kernel)
+    favour(monkeypatch, kernel, fp32_kernel="onednn" if cpu_gemm.ONEDNN else "mkl")
+    torch.manual_seed(0)
+    weights_dtype = torch.float32 if autocast else dtype
+    results = []
+    for run in (cpu_gemm.linear, lambda x, layer: layer(x)):
+        torch.manual_seed(0)
+        layer = nn.Linear(96, 80).to(weights_dtype)
+        x = torch.randn(3, 50, 96, dtype=weights_dtype, requires_grad=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            out = run(x, layer)
+        (out.float().square().sum() / 100).backward()
+        results.append((out.detach(), x.grad, layer.weight.grad, layer.bias.grad))
+    rel = FP32_REL if dtype == torch.float32 else BF16_REL
+    for ours, plain in zip(*results):
+        assert ours.dtype == plain.dtype  # fp32 master gradients under autocast, as autocast gives
+        assert relative(ours, plain) <= rel
+    products = {g.product for g in cpu_gemm.DECISIONS if g.dtype == dtype}
+    assert products == set(cpu_gemm.PRODUCTS)
+    assert {k for g, k in cpu_gemm.DECISIONS.items() if g.dtype == dtype} == {kernel}
+
+
+@needs_onednn
+def test_the_packed_weight_follows_weight_updates(monkeypatch):
+    favour(monkeypatch, "onednn-packed")
+    layer = nn.Linear(64, 32)
+    x = torch.randn(100, 64)
+    with torch.no_grad():
+        first = cpu_gemm.linear(x, layer)
+        assert len(cpu_gemm.PACKED.entries) == 1
+        layer.weight.mul_(2.0)  # in place, as an optimizer step or load_state_dict
+        second = cpu_gemm.linear(x, layer)
+        torch.testing.assert_close(second, F.linear(x, layer.weight, layer.bias), rtol=FP32_REL, atol=1e-5)
+        assert relative(second - layer.bias, first - layer.bias) > 0.5
+        layer.weight = nn.Parameter(torch.randn(32, 64))  # a new tensor
+        torch.testing.assert_close(cpu_gemm.linear(x, layer), F.linear(x, layer.weight, layer.bias),
+                                   rtol=FP32_REL, atol=1e-5)
+    del layer
+    gc.collect()
+    assert cpu_gemm.PACKED.entries == {}  # the copies die with their weights
+
+
+def spy_linear(monkeypatch) -> list:
+    calls = []
+    original = F.linear
+
+    def spy(x, weight, bias=None):
+        calls.append(x.shape)
+        return original(x, weight, bias)
+
+    monkeypatch.setattr(F, "linear", spy)
+    return calls
+
+
+@pytest.mark.parametrize("case", ["small", "tracing", "fp16", "mkl override", "mixed dtypes"])
+def test_what_is_not_rerouted_is_one_plain_f_linear(monkeypatch, case):
+    measured = favour(monkeypatch, "onednn")
+    layer, x = nn.Linear(48, 40), torch.randn(64, 48)
+    if case == "small":
+        monkeypatch.setattr(cpu_gemm, "MIN_FLOPS", 2 * 64 * 48 * 40 + 1)
+    elif case == "tracing":
+        monkeypatch.setattr(cpu_gemm, "_tracing", lambda: True)
+    elif case == "fp16":
+        layer, x = layer.half(), x.half()
+    elif case == "mkl override":
+        monkeypatch.setenv("SCRATCHBERT_GEMM", "mkl")
+    else:
+        layer = layer.double()  # x fp32, weight fp64: the plain call raises its own error
+    calls = spy_linear(monkeypatch)
+    if case == "mixed dtypes":
+        with pytest.raises(RuntimeError):
+            cpu_gemm.linear(x, layer)
+    else:
+        cpu_gemm.linear(x, layer)
+    assert calls == [x.shape] and measured == []
+
+
+def test_a_traced_model_records_plain_linears(monkeypatch):
+    measured = favour(monkeypatch, "onednn")
+    torch.manual_seed(0)
+    model = cpu_gemm.use_measured_kernels(nn.Sequential(nn.Linear(48, 40)))
+    with torch.no_grad():
+        traced = torch.jit.trace(model, torch.randn(64, 48), check_trace=False)  # (the check reruns it untraced)
+    graph = str(traced.inlined_graph)
+    assert "aten::linear" in graph and "mkldnn" not in graph and measured == []
+    x = torch.randn(30, 48)
+    torch.testing.assert_close(traced(x), F.linear(x, model[0].weight, model[0].bias))
+
+
+def test_use_measured_kernels_swaps_linears_in_place_and_back(monkeypatch):
+    favour(monkeypatch, "onednn" if cpu_gemm.ONEDNN else "mkl")
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(48, 64), nn.GELU(), nn.Linear(64, 40))
+    x = torch.randn(100, 48)
+    plain = model(x)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    assert cpu_gemm.use_measured_kernels(model) is model
+    assert all(type(m) is cpu_gemm.MeasuredLinear for m in (model[0], model[2]))
+    assert relative(model(x), plain) <= FP32_REL and cpu_gemm.DECISIONS
+    assert model.state_dict().keys() == state.keys()
+    cpu_gemm.use_measured_kernels(model, enabled=False)
+    assert all(type(m) is nn.Linear for m in (model[0], model[2]))
+
+
+# ---- the model on every kernel -----------------------------------------------------------
+def tiny_model(**overrides):
+    torch.manual_seed(0)
+    fields = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+                  hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    return ScratchBertModel(ScratchBertConfig(**{**fields, **overrides}))
+
+
+def model_inputs(padded: bool):
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(5, 99, (4, 12), generator=gen)
+    mask = torch.ones_like(ids)
+    if padded:
+        mask[1, 8:] = 0
+        mask[2, 3:] = 0
+    return ids, mask
+
+
+@pytest.mark.parametrize("padded", [True, False], ids=["padding-free path", "full batch"])
+@pytest.mark.parametrize("kernel", ["onednn", "mkl"])
+def test_model_outputs_and_gradients_equal_the_plain_path(monkeypatch, padded, kernel):
+    check_kernel_available(kernel)
+    model = tiny_model()
+    ids, mask = model_inputs(padded)
+    results = []
+    for mode in ("mkl", "auto"):
+        monkeypatch.setenv("SCRATCHBERT_GEMM", mode)
+        favour(monkeypatch, kernel)
+        model.zero_grad()
+        hidden = model(input_ids=ids, attention_mask=mask).last_hidden_state * mask[..., None]
+        hidden.square().sum().backward()
+        grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+        results.append((hidden.detach(), *grads))
+    assert kernel in set(cpu_gemm.DECISIONS.values())
+    for ours, plain in zip(results[1], results[0]):
+        torch.testing.assert_close(ours, plain, atol=1e-5, rtol=FP32_REL)
+
+
+# ---- bf16 on the fp32 kernel: what CPUs without bf16 units get -------------------------------
+def test_bf16_on_the_fp32_kernel_is_a_bf16_gemm_on_bf16_values(monkeypatch):
+    favour(monkeypatch, "fp32")
+    torch.manual_seed(0)
+    layer = nn.Linear(768, 3072)
+    x = torch.randn(3, 40, 768)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        native = layer(x)
+        emulated = cpu_gemm.linear(x, layer)
+    # Exactly what the fp32 kernel gives on the bf16-rounded inputs.
+    exact = F.linear(x.bfloat16().float(), layer.weight.bfloat16().float(), layer.bias.bfloat16().float())
+    assert emulated.dtype == torch.bfloat16 and emulated.shape == (3, 40, 3072)
+    torch.testing.assert_close(emulated, exact.bfloat16(), rtol=0, atol=0)
+    # A bf16 GEMM sums in another order (and its output rounding): within bf16's resolution (2^-8 relative).
+    torch.testing.assert_close(emulated.float(), native.float(), rtol=2**-7, atol=2e-2)
+    with torch.no_grad():
+        torch.testing.assert_close(cpu_gemm.linear(x.bfloat16(), layer.to(torch.bfloat16)), emulated, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("padded", [True, False], ids=["padding-free path", "full batch"])
+def test_bf16_model_is_the_same_on_the_fp32_kernel(monkeypatch, padded):
+    """bf16 weights and bf16 autocast: the fp32-kernel choice agrees with bf16 GEMMs to bf16 rounding."""
+    torch.manual_seed(0)
+    config = ScratchBertConfig(vocab_size=99, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=96)
+    model = ScratchBertModel(config).eval()
+    ids = torch.randint(5, 99, (3, 20))
+    mask = torch.ones_like(ids)
+    if padded:
+        mask[1, 12:] = 0
+    keep = mask.bool()
+    with torch.no_grad():
+        reference = model(input_ids=ids, attention_mask=mask).last_hidden_state[keep]
+        for variant, autocast in ((model, True), (copy.deepcopy(model).to(torch.bfloat16), False)):
+            outs = []
+            for kernel in ("mkl", "fp32"):
+                favour(monkeypatch, kernel)
+                monkeypatch.setattr(cpu_gemm, "DECISIONS", {})
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                    outs.append(variant(input_ids=ids, attention_mask=mask).last_hidden_state[keep].float())
+            torch.testing.assert_close(outs[1], outs[0], rtol=0, atol=0.06)
+            for out in outs:  # both within test_bf16's tolerance of the fp32 model
+                assert ((out - reference).norm() / reference.norm()).item() <= 0.03
+
+
+def test_bucket_plans_weigh_calls_as_fp32_where_bf16_runs_on_fp32_kernels(monkeypatch):
+    favour(monkeypatch, "fp32")
+    assert cpu_gemm.bf16_in_fp32(CPU, torch.bfloat16)
+    assert default_call_cost(torch.bfloat16, CPU) == default_call_cost(torch.float32, CPU) == CALL_COST
+    monkeypatch.setattr(cpu_gemm, "DECISIONS", {})
+    favour(monkeypatch, "mkl")
+    assert not cpu_gemm.bf16_in_fp32(CPU, torch.bfloat16)
+    assert default_call_cost(torch.bfloat16, CPU) == REDUCED_PRECISION_CALL_COST
+
+
+# ---- the choices that still follow the CPU's capabilities ------------------------------------
+# (AMX_BF16, BF16_UNITS) of each kind of CPU the choices were measured on; None: unknown.
+PROFILES = {"amx": (True, True), "avx512_bf16": (False, True), "no_bf16": (False, False), "unknown": (False, None)}
 
 
 def set_profile(monkeypatch, name: str) -> None:
@@ -32,26 +409,10 @@ def set_profile(monkeypatch, name: str) -> None:
     monkeypatch.setattr(cpu_gemm, "BF16_UNITS", units)
 
 
-@pytest.fixture
-def amx(monkeypatch):
-    set_profile(monkeypatch, "amx")
-
-
-@pytest.fixture
-def no_amx(monkeypatch):
-    set_profile(monkeypatch, "avx512_bf16")
-
-
-@pytest.fixture
-def no_bf16(monkeypatch):
-    set_profile(monkeypatch, "no_bf16")
-
-
 def test_cpu_detection_reads_torch_cpu_capabilities():
     capabilities = torch.cpu.get_capabilities()
-    assert cpu_gemm._has_amx_bf16() is bool(capabilities.get("amx_bf16", False))
-    units = bool(capabilities.get("amx_bf16", False) or capabilities.get("avx512_bf16", False))
-    assert cpu_gemm._has_bf16_units() is units
+    assert cpu_gemm.AMX_BF16 is bool(capabilities.get("amx_bf16", False))
+    assert cpu_gemm.BF16_UNITS is bool(capabilities.get("amx_bf16", False) or capabilities.get("avx512_bf16", False))
 
 
 @pytest.mark.parametrize(
@@ -64,89 +425,41 @@ def test_cpu_detection_reads_torch_cpu_capabilities():
         (1024, (768, 768), torch.float16, CPU, 1),  # fp16 was not measured: left alone
         (640, (768, 768), torch.bfloat16, CPU, 1),  # window bounds are exclusive
         (1536, (768, 768), torch.bfloat16, CPU, 1),
-        (1024, (768, 768), torch.float32, CPU, 1),  # fp32 goes through MKL: no window
+        (1024, (768, 768), torch.float32, CPU, 1),  # fp32: no window
         (1024, (768, 3072), torch.bfloat16, CPU, 1),  # wide outputs: no window
         (1024, (768, 768), torch.bfloat16, torch.device("cuda"), 1),  # other devices are left alone
     ],
 )
-def test_row_chunks_on_amx_only_inside_the_measured_window(amx, rows, shape, dtype, device, chunks):
+def test_row_chunks_on_amx_only_inside_the_measured_window(monkeypatch, rows, shape, dtype, device, chunks):
+    set_profile(monkeypatch, "amx")
     assert cpu_gemm.row_chunks(rows, shape, device, dtype) == chunks
 
 
-def test_no_row_chunks_without_amx(no_amx):
+@pytest.mark.parametrize("profile", ["avx512_bf16", "no_bf16", "unknown"])
+def test_no_row_chunks_without_amx(monkeypatch, profile):
+    set_profile(monkeypatch, profile)
     assert cpu_gemm.window_chunks(1024, (768, 768)) == 2  # the window is still there to measure
     assert cpu_gemm.row_chunks(1024, (768, 768), CPU, torch.bfloat16) == 1  # but not applied
 
 
-def count_linear_calls(monkeypatch) -> list[int]:
-    calls = []
-    original = F.linear
-
-    def spy(x, weight, bias=None):
-        calls.append(x.shape[0] if x.dim() == 2 else x.numel() // x.size(-1))
-        return original(x, weight, bias)
-
-    monkeypatch.setattr(F, "linear", spy)
-    return calls
-
-
-def test_bf16_chunks_give_the_unsplit_result(amx, monkeypatch):
-    torch.manual_seed(0)
-    layer = nn.Linear(3072, 768).to(torch.bfloat16)
-    x = torch.randn(2, 512, 3072, dtype=torch.bfloat16)  # 1,024 rows
-    calls = count_linear_calls(monkeypatch)
-    chunked = cpu_gemm.linear(x, layer)
-    assert calls == [512, 512]
-    unsplit = layer(x)
-    assert chunked.shape == (2, 512, 768) and chunked.dtype == torch.bfloat16
-    # Same dot products; at most a bf16 rounding step apart if the kernel blocks K differently.
-    torch.testing.assert_close(chunked, unsplit, rtol=1e-2, atol=1e-2)
-
-
-def test_autocast_chunks_and_gradients(amx, monkeypatch):
+def test_amx_chunks_run_on_the_chosen_kernel_and_give_the_unsplit_result(monkeypatch):
+    set_profile(monkeypatch, "amx")
+    favour(monkeypatch, "onednn" if cpu_gemm.ONEDNN else "mkl")
     torch.manual_seed(0)
     layer = nn.Linear(768, 768)
     x = torch.randn(1205, 768, requires_grad=True)
     grads = []
-    for split in (True, False):
-        if not split:
-            monkeypatch.setattr(cpu_gemm, "SLOW_ROW_WINDOWS", {})
+    for linear in (cpu_gemm.linear, lambda x, layer: layer(x)):
         layer.zero_grad()
         x.grad = None
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            out = cpu_gemm.linear(x, layer)
-        assert out.dtype == torch.bfloat16
+            out = linear(x, layer)
+        assert out.dtype == torch.bfloat16 and out.shape == (1205, 768)
         out.float().square().mean().backward()
         grads.append((out.detach().float(), x.grad.clone(), layer.weight.grad.clone()))
+    assert {g.rows for g in cpu_gemm.DECISIONS} == {1024}  # two chunks of 603 and 602 rows
     for chunked, unsplit in zip(*grads):
-        torch.testing.assert_close(chunked, unsplit, rtol=2e-2, atol=2e-2)
-
-
-def test_fp32_and_cleared_windows_are_one_plain_call(amx, monkeypatch):
-    layer = nn.Linear(768, 768)
-    calls = count_linear_calls(monkeypatch)
-    out = cpu_gemm.linear(torch.randn(1024, 768), layer)
-    assert calls == [1024] and out.dtype == torch.float32
-    monkeypatch.setattr(cpu_gemm, "SLOW_ROW_WINDOWS", {})
-    calls.clear()
-    cpu_gemm.linear(torch.randn(1024, 768, dtype=torch.bfloat16), layer.to(torch.bfloat16))
-    assert calls == [1024]
-
-
-def test_bert_base_width_layer_in_bf16_splits_its_narrow_gemms(amx, monkeypatch):
-    """One bert-base-width layer on 8 x 128 tokens (1,024 rows): both add & norm projections split."""
-    torch.manual_seed(0)
-    config = ScratchBertConfig(vocab_size=500, num_hidden_layers=1, max_position_embeddings=128)
-    model = ScratchBertModel(config, add_pooling_layer=False).eval().to(torch.bfloat16)
-    ids = torch.randint(5, 500, (8, 128))
-    with torch.no_grad():
-        calls = count_linear_calls(monkeypatch)
-        split = model(input_ids=ids).last_hidden_state
-        assert calls.count(512) == 4  # attention output and feed-forward output, 2 chunks each
-        assert calls.count(1024) == 2  # the stacked Q/K/V projection and the feed-forward input
-        monkeypatch.setattr(cpu_gemm, "SLOW_ROW_WINDOWS", {})
-        plain = model(input_ids=ids).last_hidden_state
-    torch.testing.assert_close(split.float(), plain.float(), rtol=0.05, atol=0.05)
+        assert relative(chunked, unsplit) <= BF16_REL
 
 
 @pytest.mark.parametrize(
@@ -154,10 +467,11 @@ def test_bert_base_width_layer_in_bf16_splits_its_narrow_gemms(amx, monkeypatch)
     [
         ("amx", torch.bfloat16, False, True),  # bf16 weights on AMX: one (3H, H) GEMM
         ("amx", torch.float32, True, True),  # autocast computes in bf16: stacked too
-        ("amx", torch.float32, False, False),  # fp32 (MKL): three GEMMs
+        ("amx", torch.float32, False, False),  # fp32: three GEMMs
         ("avx512_bf16", torch.bfloat16, False, False),  # no AMX: three GEMMs in every dtype
         ("avx512_bf16", torch.float32, True, False),
         ("no_bf16", torch.bfloat16, False, False),
+        ("unknown", torch.bfloat16, False, False),
     ],
 )
 def test_stack_qkv_where_it_measured_faster(monkeypatch, profile, dtype, autocast, stacked):
@@ -176,6 +490,7 @@ def test_stack_qkv_where_it_measured_faster(monkeypatch, profile, dtype, autocas
         ("amx", torch.float32, 16, 128, False),  # AMX CPUs: always SDPA
         ("no_bf16", torch.float32, 64, 128, True),
         ("no_bf16", torch.bfloat16, 64, 128, False),  # a bf16 bmm without bf16 units: SDPA instead
+        ("unknown", torch.bfloat16, 64, 128, False),  # unknown CPU: not rerouted
         ("avx512_bf16", torch.float16, 64, 128, False),  # fp16 was not measured: SDPA
     ],
 )
@@ -223,19 +538,12 @@ def test_bmm_attention_gradients_and_bf16():
 
 
 @pytest.mark.parametrize("padded", [True, False], ids=["padding-free path", "full batch"])
-def test_model_outputs_and_gradients_agree_on_every_cpu_choice(monkeypatch, padded):
-    """The same model under each CPU profile (AMX, AVX-512 BF16, no bf16; bmm attention or SDPA): 1e-5 in fp32."""
-    torch.manual_seed(0)
-    config = ScratchBertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                               intermediate_size=37, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    model = ScratchBertModel(config)
-    ids = torch.randint(5, 99, (4, 12))
-    mask = torch.ones_like(ids)
-    if padded:
-        mask[1, 8:] = 0
-        mask[2, 3:] = 0
+def test_model_outputs_and_gradients_agree_on_every_cpu_profile(monkeypatch, padded):
+    """The same model under each CPU profile (AMX, AVX-512 BF16, no bf16, unknown; bmm attention or SDPA): 1e-5 in fp32."""
+    model = tiny_model()
+    ids, mask = model_inputs(padded)
     results = []
-    for profile, max_length in (("avx512_bf16", 128), ("avx512_bf16", 0), ("amx", 128), ("no_bf16", 128)):
+    for profile, max_length in (("avx512_bf16", 128), ("avx512_bf16", 0), ("amx", 128), ("no_bf16", 128), ("unknown", 0)):
         set_profile(monkeypatch, profile)
         monkeypatch.setattr(cpu_gemm, "BMM_ATTENTION_MAX_LENGTH", max_length)
         model.zero_grad()
@@ -245,104 +553,3 @@ def test_model_outputs_and_gradients_agree_on_every_cpu_choice(monkeypatch, padd
     for hidden, grad in results[1:]:
         torch.testing.assert_close(hidden, results[0][0], atol=1e-5, rtol=0)
         torch.testing.assert_close(grad, results[0][1], atol=1e-5, rtol=0)
-
-
-# ---- bf16 on a CPU without bf16 units: the fp32 kernel over bf16 values ----------------------
-def spy_linear_dtypes(monkeypatch) -> list[torch.dtype]:
-    """Record the dtype each `F.linear` call multiplies in."""
-    dtypes = []
-    original = F.linear
-
-    def spy(x, weight, bias=None):
-        dtypes.append(torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else weight.dtype)
-        return original(x, weight, bias)
-
-    monkeypatch.setattr(F, "linear", spy)
-    return dtypes
-
-
-@pytest.mark.parametrize(
-    "profile, dtype, autocast, kernel",
-    [
-        ("no_bf16", torch.bfloat16, False, torch.float32),  # bf16 weights: fp32 kernel
-        ("no_bf16", torch.float32, True, torch.float32),  # bf16 autocast: fp32 kernel
-        ("no_bf16", torch.float32, False, torch.float32),  # fp32 stays fp32
-        ("avx512_bf16", torch.bfloat16, False, torch.bfloat16),  # bf16 units: oneDNN's bf16 kernel
-        ("amx", torch.float32, True, torch.bfloat16),
-    ],
-)
-def test_linear_runs_bf16_on_the_fp32_kernel_only_without_bf16_units(monkeypatch, profile, dtype, autocast, kernel):
-    set_profile(monkeypatch, profile)
-    layer = nn.Linear(16, 8).to(dtype)
-    dtypes = spy_linear_dtypes(monkeypatch)
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-        out = cpu_gemm.linear(torch.randn(5, 16, dtype=dtype), layer)
-    assert dtypes == [kernel]
-    assert out.dtype == (torch.bfloat16 if autocast or dtype == torch.bfloat16 else torch.float32)
-
-
-def test_bf16_on_the_fp32_kernel_equals_a_bf16_gemm():
-    """The same products of the same bf16 values: equal to the bf16 GEMM up to one bf16 rounding step."""
-    torch.manual_seed(0)
-    layer = nn.Linear(768, 3072)
-    x = torch.randn(3, 40, 768)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        native = layer(x)
-        emulated = cpu_gemm.linear_in_fp32(x, layer)
-    # Exactly what the fp32 kernel gives on the bf16-rounded inputs.
-    exact = F.linear(x.bfloat16().float(), layer.weight.bfloat16().float(), layer.bias.bfloat16().float())
-    assert emulated.dtype == torch.bfloat16 and emulated.shape == (3, 40, 3072)
-    torch.testing.assert_close(emulated, exact.bfloat16(), rtol=0, atol=0)
-    # A bf16 GEMM sums in another order (and its output rounding): within bf16's resolution (2^-8 relative).
-    torch.testing.assert_close(emulated.float(), native.float(), rtol=2**-7, atol=2e-2)
-    layer16 = layer.to(torch.bfloat16)
-    torch.testing.assert_close(cpu_gemm.linear_in_fp32(x.bfloat16(), layer16), emulated, rtol=0, atol=0)
-
-
-def test_bf16_on_the_fp32_kernel_has_autocasts_gradients():
-    torch.manual_seed(0)
-    layer = nn.Linear(64, 32)
-    x = torch.randn(20, 64, requires_grad=True)
-    grads = []
-    for attend in (lambda: layer(x), lambda: cpu_gemm.linear_in_fp32(x, layer)):
-        layer.zero_grad()
-        x.grad = None
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            out = attend()
-        out.float().square().sum().backward()
-        grads.append((x.grad.clone(), layer.weight.grad.clone(), layer.bias.grad.clone()))
-    for emulated, native in zip(grads[1], grads[0]):
-        assert emulated.dtype == torch.float32  # fp32 master gradients, as autocast gives
-        torch.testing.assert_close(emulated, native, rtol=2e-2, atol=2e-2)
-
-
-@pytest.mark.parametrize("padded", [True, False], ids=["padding-free path", "full batch"])
-def test_bf16_model_is_the_same_with_and_without_bf16_units(monkeypatch, padded):
-    """bf16 weights and bf16 autocast: the no-bf16 profile (fp32 kernels) agrees with the native one to bf16 rounding."""
-    torch.manual_seed(0)
-    config = ScratchBertConfig(vocab_size=99, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=96)
-    model = ScratchBertModel(config).eval()
-    ids = torch.randint(5, 99, (3, 20))
-    mask = torch.ones_like(ids)
-    if padded:
-        mask[1, 12:] = 0
-    keep = mask.bool()
-    with torch.no_grad():
-        reference = model(input_ids=ids, attention_mask=mask).last_hidden_state[keep]
-        for variant, autocast in ((model, True), (copy.deepcopy(model).to(torch.bfloat16), False)):
-            outs = []
-            for profile in ("avx512_bf16", "no_bf16"):
-                set_profile(monkeypatch, profile)
-                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-                    outs.append(variant(input_ids=ids, attention_mask=mask).last_hidden_state[keep].float())
-            torch.testing.assert_close(outs[1], outs[0], rtol=0, atol=0.06)
-            for out in outs:  # both within test_bf16's tolerance of the fp32 model
-                assert ((out - reference).norm() / reference.norm()).item() <= 0.03
-
-
-def test_bucket_plans_weigh_calls_as_fp32_where_bf16_runs_on_fp32_kernels(monkeypatch):
-    cpu = torch.device("cpu")
-    set_profile(monkeypatch, "no_bf16")
-    assert default_call_cost(torch.bfloat16, cpu) == default_call_cost(torch.float32, cpu) == CALL_COST
-    set_profile(monkeypatch, "avx512_bf16")
-    assert default_call_cost(torch.bfloat16, cpu) == REDUCED_PRECISION_CALL_COST
