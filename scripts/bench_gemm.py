@@ -1,91 +1,95 @@
-"""Throughput of bert-base's matrix multiplies on this CPU, by row count: where is oneDNN slow?
+"""Throughput of every CPU kernel on every matrix multiply of bert-base's linear layers, and cpu_gemm's choice.
 
-For each GEMM shape of a bert-base layer (fused Q/K/V 768 -> 2304, attention output 768 -> 768,
-feed-forward 768 -> 3072 and 3072 -> 768) and a sweep of row counts, prints TFLOP/s of a plain
-`F.linear` and, inside `cpu_gemm.SLOW_ROW_WINDOWS`, of the same GEMM split into row chunks
-(`cpu_gemm.linear_chunked`; the model splits only on CPUs with AMX, where the window was
-measured); on a CPU without bf16 units, also of the fp32 kernel over bf16 values that the model
-uses there (`cpu_gemm.linear_in_fp32`). Each figure is the median of several calls cycling through 6 weight matrices, as a
-layer stack does. Run it to check whether a machine has the slow window (see
-`scratchbert/cpu_gemm.py`).
+For each GEMM shape of a bert-base layer (Q/K/V and attention output 768 -> 768, feed-forward
+768 -> 3072 and 3072 -> 768, the MLM decoder 768 -> 30522) and each row count, times each
+candidate kernel of `scratchbert/cpu_gemm.py` on each product a linear layer computes: the forward
+in inference (where the prepacked weight is a candidate) and in training, grad_input = g·W and
+grad_weight = gᵀ·x. Figures are GFLOP/s, best of --repeats calls (interleaved across kernels);
+"chosen" is what cpu_gemm's own short measurement picked in this process (it may differ where two
+kernels are within noise; it keeps torch's own call unless another is `cpu_gemm.MARGIN` faster).
+On CPUs with AMX, bf16 forwards inside `cpu_gemm.SLOW_ROW_WINDOWS` also show the same product
+split into row chunks (*), the choice the model makes there.
 
-    python scripts/bench_gemm.py                  # bf16, 256 to 2048 rows in steps of 64
-    python scripts/bench_gemm.py --dtype fp32 --step 128
+    python scripts/bench_gemm.py                                # fp32 and bf16, 512 and 2048 rows
+    python scripts/bench_gemm.py --dtype fp32 --rows 430 1024 2048 --repeats 10
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from scratchbert import cpu_gemm
 
-SHAPES = {"qkv 768->2304": (768, 2304), "attn-out 768->768": (768, 768), "ffn-up 768->3072": (768, 3072), "ffn-down 3072->768": (3072, 768)}
+# (in_features, out_features) of bert-base's linear layers.
+SHAPES = {"attention 768->768": (768, 768),  # queries, keys, values and the attention output "ffn-up 768->3072": (768, 3072),
+          "ffn-down 3072->768": (3072, 768), "mlm-decoder 768->30522": (768, 30522)}
+# (label, product, inference)
+PRODUCTS = (("forward, inference", "forward", True), ("forward, training", "forward", False),
+            ("grad_input g·W", "grad_input", False), ("grad_weight gᵀ·x", "grad_weight", False))
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
-def tflops(fn, x: torch.Tensor, layers: list[nn.Linear], repeats: int) -> float:
-    def run():
-        for layer in layers:
-            fn(x, layer)
+def chunked_seconds(rows: int, k: int, n: int, chunks: int, repeats: int) -> float:
+    """Best seconds of a bf16 forward split into `chunks` row chunks, each on cpu_gemm's chosen kernel."""
+    layer = nn.Linear(k, n).to(torch.bfloat16)
+    x = torch.randn(rows, k, dtype=torch.bfloat16)
+    parts = x.chunk(chunks)
+    with torch.no_grad():
+        for part in parts:
+            cpu_gemm.linear_weights(part, layer.weight, layer.bias)
+        best = float("inf")
+        for _ in range(repeats):
+            start = time.perf_counter()
+            torch.cat([cpu_gemm.linear_weights(part, layer.weight, layer.bias) for part in parts])
+            best = min(best, time.perf_counter() - start)
+    return best
 
-    run()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    rows, k = x.shape
-    return len(layers) * 2 * rows * k * layers[0].out_features / statistics.median(times) / 1e12
 
-
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16")
-    parser.add_argument("--start", type=int, default=256)
-    parser.add_argument("--stop", type=int, default=2048)
-    parser.add_argument("--step", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--dtype", choices=["fp32", "bf16", "both"], default="both")
+    parser.add_argument("--rows", type=int, nargs="+", default=[512, 2048], help="row counts M (tokens in the batch)")
+    parser.add_argument("--shapes", nargs="+", choices=[s.split()[0] for s in SHAPES], default=None,
+                        help="only these shapes (default: all)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed calls per kernel")
     parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args()
-    for name in ("start", "step", "repeats", "threads"):
+    args = parser.parse_args(argv)
+    for name in ("repeats", "threads"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be at least 1")
-    if args.stop < args.start:
-        parser.error(f"--stop ({args.stop}) must not be below --start ({args.start})")
+    if min(args.rows) < 1:
+        parser.error("--rows must all be at least 1")
     torch.set_num_threads(args.threads)
-    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
-    layers = {name: [nn.Linear(k, n).to(dtype) for _ in range(6)] for name, (k, n) in SHAPES.items()}
+    dtypes = list(DTYPES) if args.dtype == "both" else [args.dtype]
+    shapes = {name: shape for name, shape in SHAPES.items() if args.shapes is None or name.split()[0] in args.shapes}
 
-    applied = "applies it here" if cpu_gemm.AMX_BF16 and dtype == torch.bfloat16 else "does not apply it here"
-    in_fp32 = cpu_gemm.bf16_in_fp32(torch.device("cpu"), dtype)
-    units = ("; no bf16 units either: the model runs its bf16 layers on fp32 kernels, `cpu_gemm.linear_in_fp32` (+)"
-             if in_fp32 else "")
-    print(f"TFLOP/s, {args.dtype}, {args.threads} threads: plain F.linear / split into row chunks (*), inside "
-          f"cpu_gemm.SLOW_ROW_WINDOWS; this CPU {'has' if cpu_gemm.AMX_BF16 else 'has no'} AMX bf16, so the model "
-          f"{applied}{units}")
-    print("| rows | " + " | ".join(SHAPES) + " |")
-    print("|---|" + "---|" * len(SHAPES))
-    with torch.inference_mode():
-        for rows in range(args.start, args.stop + 1, args.step):
-            cells = []
-            for name, (k, n) in SHAPES.items():
-                x = torch.randn(rows, k, dtype=dtype)
-                plain = tflops(lambda x, layer: layer(x), x, layers[name], args.repeats)
-                chunks = cpu_gemm.window_chunks(rows, (k, n))
-                cell = f"{plain:.3f}"
-                if chunks > 1:
-                    split = tflops(lambda x, layer: cpu_gemm.linear_chunked(x, layer, chunks), x, layers[name], args.repeats)
-                    cell += f" / {split:.3f}*"
-                if in_fp32:
-                    fp32_kernel = tflops(cpu_gemm.linear_in_fp32, x, layers[name], args.repeats)
-                    cell += f" / {fp32_kernel:.3f}+"
-                cells.append(cell)
-            print(f"| {rows} | " + " | ".join(cells) + " |", flush=True)
+    name = (cpu_gemm.CAPABILITIES or {}).get("cpu_name", "unknown CPU")
+    units = {True: "bf16 units", False: "no bf16 units", None: "unknown bf16 support"}[cpu_gemm.BF16_UNITS]
+    print(f"GFLOP/s, {args.threads} threads, best of {args.repeats}; {name}, {units}, "
+          f"{'AMX: bf16 row chunks (*) inside SLOW_ROW_WINDOWS' if cpu_gemm.AMX_BF16 else 'no AMX'}, "
+          f"oneDNN {'callable' if cpu_gemm.ONEDNN else 'not callable'}")
+    print("| dtype | shape | product | rows | " + " | ".join(cpu_gemm.KERNELS) + " | chosen |")
+    print("|---|---|---|---|" + "---|" * len(cpu_gemm.KERNELS) + "---|")
+    for dtype_name in dtypes:
+        dtype = DTYPES[dtype_name]
+        for shape_name, (k, n) in shapes.items():
+            for label, product, inference in PRODUCTS:
+                for rows in args.rows:
+                    gemm = cpu_gemm.Gemm(product, cpu_gemm.bucket(rows), k, n, dtype, inference)
+                    seconds = cpu_gemm.measure(gemm, rows=rows, rounds=args.repeats, budget_s=float("inf"))
+                    cells = [f"{gemm.flops(rows) / seconds[kernel] / 1e9:,.0f}" if kernel in seconds else "–"
+                             for kernel in cpu_gemm.KERNELS]
+                    chosen = cpu_gemm.choose(gemm)
+                    chunks = cpu_gemm.row_chunks(rows, (k, n), torch.device("cpu"), dtype)
+                    if product == "forward" and inference and chunks > 1:
+                        split = chunked_seconds(rows, k, n, chunks, args.repeats)
+                        chosen += f" / {gemm.flops(rows) / split / 1e9:,.0f} in {chunks} row chunks*"
+                    print(f"| {dtype_name} | {shape_name} | {label} | {rows} | " + " | ".join(cells) + f" | {chosen} |",
+                          flush=True)
 
 
 if __name__ == "__main__":

@@ -18,20 +18,24 @@ def run_script(*args: str, timeout: int = 120) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout)
 
 
-def test_bench_gemm_sweeps_and_names_this_cpus_choice():
-    result = run_script("scripts/bench_gemm.py", "--start", "1024", "--stop", "1024", "--repeats", "1")
+def test_bench_gemm_times_every_kernel_and_names_the_choice():
+    result = run_script("scripts/bench_gemm.py", "--rows", "256", "--repeats", "1", "--shapes", "attention")
     assert result.returncode == 0, result.stderr
-    header, _, _, row = result.stdout.strip().splitlines()
-    assert ("this CPU has AMX" in header) is cpu_gemm.AMX_BF16
-    cells = row.strip("|").split("|")
-    assert cells[0].strip() == "1024" and len(cells) == 5
-    assert "*" in cells[2] and "*" in cells[4] and "*" not in cells[1]  # the two 768-output shapes are split
-    # Where the model runs bf16 on fp32 kernels, every shape shows that path too (+).
-    assert all(("+" in cell) is not cpu_gemm.BF16_UNITS for cell in cells[1:])
+    header, columns, _, *rows = result.stdout.strip().splitlines()
+    assert ("AMX" in header and "no AMX" not in header) is cpu_gemm.AMX_BF16
+    assert columns.split("|")[5:-2] == [f" {kernel} " for kernel in cpu_gemm.KERNELS]
+    assert len(rows) == 2 * 4  # fp32 and bf16, four products
+    for row in rows:
+        cells = [cell.strip() for cell in row.strip("|").split("|")]
+        dtype, product, timings, chosen = cells[0], cells[2], cells[4:-1], cells[-1]
+        assert chosen.split()[0] in cpu_gemm.KERNELS
+        assert timings[0] != "–"  # torch's own call always runs
+        assert (timings[2] != "–") is (cpu_gemm.ONEDNN and product == "forward, inference")  # prepacked: inference only
+        assert (timings[3] != "–") is (dtype == "bf16")  # the fp32 kernel: for bf16 only
 
 
-@pytest.mark.parametrize("args, message", [(["--start", "0"], "--start must be at least 1"),
-                                           (["--start", "512", "--stop", "256"], "must not be below --start")])
+@pytest.mark.parametrize("args, message", [(["--repeats", "0"], "--repeats must be at least 1"),
+                                           (["--rows", "512", "0"], "--rows must all be at least 1")])
 def test_bench_gemm_rejects_bad_sweeps_in_one_line(args, message):
     result = run_script("scripts/bench_gemm.py", *args)
     assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
