@@ -96,7 +96,7 @@ def test_the_library_never_imports_the_command_line():
 
 def test_every_command_has_help_and_one_error_path(capsys):
     names = {command.__name__.rsplit(".", 1)[-1].replace("_", "-") for command in COMMANDS}
-    assert {"train-tokenizer", "pretrain", "finetune", "fill-mask", "attention-map", "export-bert"} <= names
+    assert {"train-tokenizer", "pretrain", "finetune", "fill-mask", "attention-map", "export-bert", "export-onnx"} <= names
     for name in names:
         with pytest.raises(SystemExit) as exit_info:
             main([name, "--help"])
@@ -145,6 +145,7 @@ def test_corrupt_weights_give_one_line_in_every_command(corrupt_model_dir, label
         "export-bert": ["export-bert", corrupt_model_dir, tmp_path / "bert"],
         "fill-mask": ["fill-mask", "the cat sat on the [MASK].", "--model", corrupt_model_dir],
         "attention-map": ["attention-map", "the cat sat.", "--model", corrupt_model_dir, "--out", tmp_path / "a.png"],
+        "export-onnx": ["export-onnx", corrupt_model_dir, tmp_path / "onnx"],
     }
     for name, argv in commands.items():
         code, _, err = run(capsys, *argv)
@@ -153,7 +154,14 @@ def test_corrupt_weights_give_one_line_in_every_command(corrupt_model_dir, label
         assert len(lines) == 1 and "Traceback" not in err, (name, err)
         assert lines[0].startswith(f"scratchbert {name}: error: ") and "model.safetensors is corrupt or incomplete" in lines[0], err
     assert not (tmp_path / "bert" / "model.safetensors").exists()  # nothing exported from a corrupt file
-    assert not (tmp_path / "clf").exists()
+    assert not (tmp_path / "clf").exists() and not (tmp_path / "onnx").exists()
+
+
+def test_export_onnx_command_runs_and_checks_the_graph(model_dir, tmp_path, capsys):
+    pytest.importorskip("onnxruntime", reason="onnxruntime is in the test extra (pip install -e .[test])")
+    code, out, err = run(capsys, "export-onnx", model_dir, tmp_path / "onnx", "--task", "fill-mask")
+    assert code == 0, err
+    assert (tmp_path / "onnx" / "model.onnx").is_file() and "onnxruntime matches PyTorch" in out
 
 
 def test_export_bert_reads_back_what_it_wrote(model_dir, tmp_path, capsys):

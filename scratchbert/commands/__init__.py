@@ -17,9 +17,9 @@ from collections.abc import Callable
 
 from scratchbert.errors import ScratchBertError
 
-from . import attention_map, export_bert, fill_mask, finetune, pretrain, train_tokenizer
+from . import attention_map, export_bert, export_onnx, fill_mask, finetune, pretrain, train_tokenizer
 
-COMMANDS = (train_tokenizer, pretrain, finetune, fill_mask, attention_map, export_bert)
+COMMANDS = (train_tokenizer, pretrain, finetune, fill_mask, attention_map, export_bert, export_onnx)
 # What a user can fix: printed as one line. Anything else is a bug and keeps its traceback.
 USER_ERRORS = (ScratchBertError, ValueError, FileNotFoundError, NotADirectoryError, UnicodeDecodeError)
 
