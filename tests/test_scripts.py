@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -46,6 +47,37 @@ def test_bench_gemm_rejects_bad_sweeps_in_one_line(args, message):
 def test_bench_quick_prints_the_whole_table():
     result = run_script("scripts/bench.py", "--quick", timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
-    for case in ("(a) full-length", "(b) novel sentences", "(b) IMDB reviews", "(c) pretraining step", "peak RSS"):
+    for case in ("(a) full-length", "(b) novel sentences", "padded to the longest", "(b) IMDB reviews",
+                 "(c) pretraining step", "peak RSS", "| ORT fp32 |", "fp32 MKL F.linear", "scratchbert's GEMM kernels"):
         assert case in result.stdout
     assert "CPU: " in result.stdout and ("with AMX" in result.stdout) is cpu_gemm.AMX_BF16
+    assert ("fused operators: " in result.stdout) is (bench_module().onnxruntime_missing() is None)
+
+
+def bench_module():
+    """scripts/bench.py as a module (registered, as its dataclasses need)."""
+    name = "scratchbert_bench_script"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / "bench.py")
+        sys.modules[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[name])
+    return sys.modules[name]
+
+
+def test_bench_says_when_onnxruntime_is_missing(monkeypatch):
+    bench = bench_module()
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "onnxruntime" else real(name, *a))
+    assert bench.onnxruntime_missing() == "onnxruntime not installed (pip install -e .[bench])"
+    assert bench.ort_version() == "(not installed)"
+
+
+def test_bench_targets_say_met_or_not_met():
+    bench = bench_module()
+    row = bench.Row(case="(a) full-length (16, 128)", dtype="fp32", real_tokens=2048, padded_tokens=2048, ours_s=1.0,
+                    theirs_s=1.5, flops=1e12, peak_kind="fp32", ort_s=0.9, targets=[("transformers", 1.0), ("ORT", 1.0)])
+    assert row.target_cell() == ">= 1.00x transformers: met; >= 1.00x ORT: **not met**"
+    row.ort_s, row.targets = None, [("ideal", 0.8), ("ORT", 1.3)]
+    assert row.target_cell() == ">= 80% of ideal: met; >= 1.30x ORT: n/a"
+    table = bench.format_table([row], {"fp32 MKL F.linear": 2e11, "bf16 oneDNN": 8e11}, threads=2)
+    assert "| – | 1,000 ms | **1.50x** |" in table and "fp32 MKL F.linear 200, bf16 oneDNN 800 GFLOP/s" in table
