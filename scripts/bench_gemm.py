@@ -24,8 +24,9 @@ from torch import nn
 
 from scratchbert import cpu_gemm
 
-# (in_features, out_features) of bert-base's linear layers.
-SHAPES = {"attention 768->768": (768, 768),  # queries, keys, values and the attention output "ffn-up 768->3072": (768, 3072),
+# (in_features, out_features) of bert-base's linear layers ("attention": queries, keys, values and
+# the attention output).
+SHAPES = {"attention 768->768": (768, 768), "ffn-up 768->3072": (768, 3072),
           "ffn-down 3072->768": (3072, 768), "mlm-decoder 768->30522": (768, 30522)}
 # (label, product, inference)
 PRODUCTS = (("forward, inference", "forward", True), ("forward, training", "forward", False),
