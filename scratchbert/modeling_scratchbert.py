@@ -729,7 +729,9 @@ class EncoderOptions(TypedDict, total=False):
 
     Each task model names the encoder's inputs and its own labels in `forward`, because `Trainer`
     keeps the dataset columns `forward` names and finds the label columns there. `return_dict`
-    is taken by `@can_return_tuple` (transformers' decorator): False returns a plain tuple.
+    is taken by `@can_return_tuple` (transformers' decorator): False, or `config.return_dict = False`,
+    returns a plain tuple. The task model itself asks its encoder for `return_dict=True`: it reads
+    the encoder's outputs by name, whatever the configuration says.
     """
 
     output_attentions: bool | None
