@@ -93,7 +93,7 @@ def save_random_init(args, tokenizer, out: Path) -> None:
     from scratchbert import ScratchBertConfig, ScratchBertForMaskedLM
     from scratchbert.training.config import PretrainConfig
 
-    geometry = PretrainConfig(preset=args.preset).model_kwargs()
+    geometry = PretrainConfig(preset=args.preset).saved_model_kwargs()  # as (a) is saved: fine-tuning dropout
     torch.manual_seed(args.seed)
     model = ScratchBertForMaskedLM(ScratchBertConfig(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, **geometry))
     model.save_pretrained(out)

@@ -44,7 +44,7 @@ RESUMABLE_CHANGES = frozenset(
     {
         "output_dir", "resume", "overwrite", "max_steps", "eval_every", "save_every", "keep_last",
         "log_every", "report_to", "progress_bar", "num_workers", "max_eval_examples", "tokenizer", "vocab_size",
-        "lowercase",
+        "lowercase", "finetune_dropout",
     }
 )  # fmt: skip
 # (the tokenizer of a resumed run is the one saved in output_dir, so its options no longer matter)

@@ -743,7 +743,7 @@ def finish(run: Run, log: RunLog, started: float, cpu_started: float) -> Pretrai
     run.eval_metrics = evaluate(run.model, run.eval_loader, accelerator)
     log.write({"type": "eval", "step": position.step, "training_seconds": position.training_seconds, **run.eval_metrics})
     checksums = accelerator.gather(torch.tensor([weight_checksum(run.model)], dtype=torch.float64, device=accelerator.device))
-    save_final_model(accelerator, run.model, run.tokenizer, output_dir)
+    save_final_model(accelerator, run.model, run.tokenizer, output_dir, run.config.finetune_dropout)
     seconds = time.perf_counter() - started
     log.write(
         {
@@ -875,10 +875,16 @@ def _stop_if_not_finite(accelerator: Accelerator, loss: torch.Tensor, step: int,
     )
 
 
-def save_final_model(accelerator: Accelerator, model, tokenizer, output_dir: Path) -> None:
-    """`save_pretrained` of model (safetensors + config.json) and tokenizer into `output_dir`."""
+def save_final_model(accelerator: Accelerator, model, tokenizer, output_dir: Path, finetune_dropout: float) -> None:
+    """`save_pretrained` of model (safetensors + config.json) and tokenizer into `output_dir`.
+
+    The saved config carries `finetune_dropout` as both dropout rates: dropout is a training
+    choice, and whoever loads the model next fine-tunes it. (The packed recipe pretrains
+    without dropout, as Cramming does, and like Cramming turns it back on for fine-tuning.)
+    """
     accelerator.wait_for_everyone()
     unwrapped = accelerator.unwrap_model(model)
+    unwrapped.config.hidden_dropout_prob = unwrapped.config.attention_probs_dropout_prob = finetune_dropout
     unwrapped.save_pretrained(
         output_dir,
         is_main_process=accelerator.is_main_process,
