@@ -160,6 +160,8 @@ def pretrain_transformers(args, texts: list[str], tokenizer, out: Path) -> dict:
 
     clock = Clock(budget)
     result = trainer(max_steps, clock).train()
+    # Saved as (a) is: pretraining dropout is the recipe's, fine-tuning gets BERT's 0.1.
+    model.config.hidden_dropout_prob = model.config.attention_probs_dropout_prob = PretrainConfig().finetune_dropout
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     steps = clock.steps
