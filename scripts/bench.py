@@ -305,15 +305,20 @@ def ort_runner(session, batch):
 # Timing
 # --------------------------------------------------------------------------------------------
 def interleaved(fns: list, repeats: int) -> list[float]:
-    """Median seconds of each function, run in turn (after one warm-up each)."""
+    """Median seconds of each function, run in turn (after one warm-up each).
+
+    Each round starts with the next function, so none always runs right after the same other one
+    (ONNX Runtime's threads spin for a while after a run).
+    """
     for fn in fns:
         fn()
     times = [[] for _ in fns]
-    for _ in range(repeats):
-        for fn, spent in zip(fns, times):
+    for round_ in range(repeats):
+        for i in range(len(fns)):
+            which = (round_ + i) % len(fns)
             start = time.perf_counter()
-            fn()
-            spent.append(time.perf_counter() - start)
+            fns[which]()
+            times[which].append(time.perf_counter() - start)
     return [statistics.median(spent) for spent in times]
 
 
@@ -582,7 +587,7 @@ def main(argv: list[str] | None = None) -> int:
                     ort_s=ort_s[0] if ort_s else None,
                     targets=targets,
                 ))
-        del variants, our_encoder, their_encoder, session
+        del variants, our_encoder, their_encoder, runners, session
 
         batch = pretraining_batch(tokenizer, *sizes["pretrain"], seed=0)
         step_dtypes = [(torch.float32, "fp32"), (torch.bfloat16, "bf16 autocast")]
