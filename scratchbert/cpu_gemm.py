@@ -210,7 +210,7 @@ def _run(gemm: Gemm, kernel: str, a: torch.Tensor, b: torch.Tensor, bias: torch.
 # --------------------------------------------------------------------------------------------
 # Choosing: measure once per bucket, remember
 # --------------------------------------------------------------------------------------------
-DECISIONS: dict[Gemm, str] = {}
+DECISIONS: dict[tuple[Gemm, int], str] = {}  # (gemm, torch threads) -> kernel
 _disk: dict[str, dict[str, str]] = {}  # path -> its decisions, read once
 
 
@@ -294,8 +294,9 @@ def choose(gemm: Gemm) -> str:
         return "onednn-packed" if "onednn-packed" in available else "onednn"
     if override == "mkl" or available == ["mkl"]:
         return "mkl"
-    if gemm in DECISIONS:
-        return DECISIONS[gemm]
+    memo = (gemm, torch.get_num_threads())  # the fastest kernel can change with the thread count
+    if memo in DECISIONS:
+        return DECISIONS[memo]
     path, saved = _disk_decisions()
     kernel = saved.get(gemm.key())
     if kernel not in available:
@@ -308,7 +309,7 @@ def choose(gemm: Gemm) -> str:
             tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
             tmp.write_text(json.dumps(saved, indent=1, sort_keys=True))
             os.replace(tmp, path)
-    DECISIONS[gemm] = kernel
+    DECISIONS[memo] = kernel
     return kernel
 
 

@@ -339,7 +339,7 @@ def cpu_profile() -> str:
 def gemm_choices() -> str:
     """The kernels cpu_gemm chose in this run: per dtype, mode and product, how many shape buckets got each."""
     groups: dict[tuple, dict[str, int]] = {}
-    for gemm, kernel in sorted(cpu_gemm.DECISIONS.items(), key=lambda item: str(item[0])):
+    for (gemm, _), kernel in sorted(cpu_gemm.DECISIONS.items(), key=lambda item: str(item[0])):
         mode = "inference" if gemm.inference else "training"
         counts = groups.setdefault((str(gemm.dtype).removeprefix("torch."), mode, gemm.product), {})
         counts[kernel] = counts.get(kernel, 0) + 1

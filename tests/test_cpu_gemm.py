@@ -110,6 +110,12 @@ def test_auto_measures_each_bucket_once_and_needs_a_clear_win(monkeypatch):
     assert cpu_gemm.choose(gemm()) == "onednn"
     assert cpu_gemm.choose(gemm()) == "onednn" and len(measured) == 1  # remembered
     assert cpu_gemm.choose(gemm(inference=False)) == "onednn" and len(measured) == 2  # another mode, another key
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads + 1)
+        assert cpu_gemm.choose(gemm()) == "onednn" and len(measured) == 3  # another thread count too
+    finally:
+        torch.set_num_threads(threads)
     monkeypatch.setattr(cpu_gemm, "measure", lambda g: {"mkl": 1.0, "onednn": 0.97})  # 3%: below MARGIN
     assert cpu_gemm.choose(gemm(rows=512)) == "mkl"
 
@@ -218,9 +224,9 @@ def test_every_kernel_equals_f_linear_backward(monkeypatch, kernel, dtype, autoc
     for ours, plain in zip(*results):
         assert ours.dtype == plain.dtype  # fp32 master gradients under autocast, as autocast gives
         assert relative(ours, plain) <= rel
-    products = {g.product for g in cpu_gemm.DECISIONS if g.dtype == dtype}
+    products = {g.product for g, _ in cpu_gemm.DECISIONS if g.dtype == dtype}
     assert products == set(cpu_gemm.PRODUCTS)
-    assert {k for g, k in cpu_gemm.DECISIONS.items() if g.dtype == dtype} == {kernel}
+    assert {k for (g, _), k in cpu_gemm.DECISIONS.items() if g.dtype == dtype} == {kernel}
 
 
 @needs_onednn
@@ -457,7 +463,7 @@ def test_amx_chunks_run_on_the_chosen_kernel_and_give_the_unsplit_result(monkeyp
         assert out.dtype == torch.bfloat16 and out.shape == (1205, 768)
         out.float().square().mean().backward()
         grads.append((out.detach().float(), x.grad.clone(), layer.weight.grad.clone()))
-    assert {g.rows for g in cpu_gemm.DECISIONS} == {1024}  # two chunks of 603 and 602 rows
+    assert {g.rows for g, _ in cpu_gemm.DECISIONS} == {1024}  # two chunks of 603 and 602 rows
     for chunked, unsplit in zip(*grads):
         assert relative(chunked, unsplit) <= BF16_REL
 
