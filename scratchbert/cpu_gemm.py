@@ -286,6 +286,9 @@ def measure(gemm: Gemm, rows: int | None = None, rounds: int = MEASURE_ROUNDS,
 def choose(gemm: Gemm) -> str:
     """The kernel for `gemm`: forced by `SCRATCHBERT_GEMM`, else measured once and remembered."""
     override = _override()
+    memo = (gemm, torch.get_num_threads())  # the fastest kernel can change with the thread count
+    if override == "auto" and memo in DECISIONS:
+        return DECISIONS[memo]
     available = candidates(gemm)
     if override == "onednn":
         if "onednn" not in available:
@@ -294,9 +297,6 @@ def choose(gemm: Gemm) -> str:
         return "onednn-packed" if "onednn-packed" in available else "onednn"
     if override == "mkl" or available == ["mkl"]:
         return "mkl"
-    memo = (gemm, torch.get_num_threads())  # the fastest kernel can change with the thread count
-    if memo in DECISIONS:
-        return DECISIONS[memo]
     path, saved = _disk_decisions()
     kernel = saved.get(gemm.key())
     if kernel not in available:
@@ -311,6 +311,21 @@ def choose(gemm: Gemm) -> str:
             os.replace(tmp, path)
     DECISIONS[memo] = kernel
     return kernel
+
+
+def _run_chosen(gemm: Gemm, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None,
+                weight: torch.Tensor | None = None) -> torch.Tensor:
+    """`gemm`'s product on its chosen kernel; should that kernel fail on a real call, torch's own
+    call runs instead, now and for the rest of the process (its error, if any, is the caller's)."""
+    kernel = choose(gemm)
+    if kernel == "mkl":
+        return _run(gemm, "mkl", a, b, bias, weight)
+    try:
+        return _run(gemm, kernel, a, b, bias, weight)
+    except Exception as error:  # noqa: BLE001 -- any kernel failure falls back to the plain call
+        warnings.warn(f"cpu_gemm: {kernel} failed on {gemm} ({error!r}); using torch's own call instead")
+        DECISIONS[(gemm, torch.get_num_threads())] = "mkl"
+        return _run(gemm, "mkl", a, b, bias, weight)
 
 
 def bucket(rows: int) -> int:
@@ -341,7 +356,7 @@ class _MeasuredLinear(torch.autograd.Function):
         ctx.save_for_backward(x, weight)
         ctx.plan = plan
         ctx.has_bias = bias is not None
-        return _run(plan.forward, choose(plan.forward), x, weight, bias)
+        return _run_chosen(plan.forward, x, weight, bias)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
@@ -351,9 +366,9 @@ class _MeasuredLinear(torch.autograd.Function):
         grad = grad.contiguous()  # (M, N)
         grad_x = grad_w = grad_b = None
         if ctx.needs_input_grad[0]:
-            grad_x = _run(plan.grad_input, choose(plan.grad_input), grad, weight.t(), None)  # (M, K)
+            grad_x = _run_chosen(plan.grad_input, grad, weight.t(), None)  # (M, K)
         if ctx.needs_input_grad[1]:
-            grad_w = _run(plan.grad_weight, choose(plan.grad_weight), grad.t(), x.t(), None)  # (N, K)
+            grad_w = _run_chosen(plan.grad_weight, grad.t(), x.t(), None)  # (N, K)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_b = grad.sum(0)  # (N,)
         return grad_x, grad_w, grad_b, None
@@ -391,7 +406,7 @@ def linear_weights(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
         out = _MeasuredLinear.apply(flat, weight.to(dtype), _cast(bias, dtype), plan)
     else:
         gemm = Gemm("forward", size, k, n, dtype, True)
-        out = _run(gemm, choose(gemm), flat, weight, bias, weight)  # casts b as needed; packed: never
+        out = _run_chosen(gemm, flat, weight, bias, weight)  # casts b as needed; packed: never
     return out.view(*x.shape[:-1], n)
 
 

@@ -136,6 +136,30 @@ def test_a_kernel_that_fails_or_disagrees_is_never_chosen(monkeypatch):
     assert cpu_gemm.choose(gemm(rows=64)) == "mkl"
 
 
+@needs_onednn
+def test_a_chosen_kernel_that_fails_on_a_real_call_falls_back_for_good(monkeypatch):
+    favour(monkeypatch, "onednn")
+    layer, x = nn.Linear(48, 40), torch.randn(300, 48, requires_grad=True)
+    original = cpu_gemm._multiply
+    calls = []
+
+    def fails_after_measuring(kernel, *args, **kwargs):
+        calls.append(kernel)
+        if kernel == "onednn":
+            raise RuntimeError("unsupported strides")
+        return original(kernel, *args, **kwargs)
+
+    monkeypatch.setattr(cpu_gemm, "_multiply", fails_after_measuring)
+    with pytest.warns(UserWarning, match="onednn failed"):
+        out = cpu_gemm.linear(x, layer)
+        out.sum().backward()
+    torch.testing.assert_close(out, F.linear(x, layer.weight, layer.bias))
+    assert set(cpu_gemm.DECISIONS.values()) == {"mkl"}  # forward, grad_input and grad_weight alike
+    calls.clear()
+    cpu_gemm.linear(x, layer)
+    assert calls == ["mkl"]
+
+
 def test_measure_times_every_working_candidate(monkeypatch):
     monkeypatch.setattr(cpu_gemm, "MEASURE_ROUNDS", 2)
     for g in (gemm(), gemm("grad_input", inference=False), gemm("grad_weight", torch.bfloat16, False)):
