@@ -24,7 +24,7 @@ figures), so instead of a rule per CPU this module times the candidates:
 The first time a product of a given kind meets a shape bucket (rows rounded up to a power of two,
 K, N), a dtype and a mode (training or inference), each available candidate runs a few times on
 random operands of that shape (a bounded microbenchmark: `MEASURE_FLOPS` per call, at most
-`MEASURE_ROUNDS` rounds, ~0.1 s per bucket), its result is checked against torch's own, and the
+`MEASURE_ROUNDS` rounds, ~0.05-0.3 s per bucket), its result is checked against torch's own, and the
 fastest is kept for the rest of the process: a candidate that raises or disagrees is never chosen,
 and one must beat "mkl" by `MARGIN` to be chosen at all. Decisions also persist in a JSON file
 when `SCRATCHBERT_GEMM_CACHE` names one (keyed by CPU, torch version and thread count).
@@ -96,7 +96,8 @@ OVERRIDES = ("auto", "mkl", "onednn")
 MIN_FLOPS = 2 * 64 * 768 * 768  # smaller products stay on torch's call: a measurement would not pay
 MEASURE_FLOPS = 1e9  # per timed call: ~5 ms at 200 GFLOP/s (the row count is cut to fit)
 MEASURE_ROUNDS = 5
-MEASURE_BUDGET_S = 0.1  # per bucket, after the first round
+MEASURE_BUDGET_S = 0.05  # per bucket, after the second round
+DROP_AFTER_ONE_ROUND = 1.5  # a candidate this many times slower than the best after one round is out
 MARGIN = 0.05  # another kernel must be this much faster than "mkl" to be chosen
 
 
@@ -234,34 +235,38 @@ def _disk_decisions() -> tuple[Path | None, dict[str, str]]:
     return Path(path), _disk[path]
 
 
-def _operands(gemm: Gemm, rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """Random operands laid out as the layer's autograd passes them: (a, b, bias, weight)."""
+def _operands(gemm: Gemm, rows: int, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """Random operands of M = rows, N = n, laid out as the layer's autograd passes them: (a, b, bias, weight)."""
     gen = torch.Generator().manual_seed(0)
-    weight = torch.randn(gemm.n, gemm.k, generator=gen).to(gemm.dtype)  # (N, K)
+    uniform = lambda *shape: torch.empty(*shape, dtype=gemm.dtype).uniform_(-1, 1, generator=gen)  # noqa: E731
+    weight = uniform(n, gemm.k)  # (N, K)
     if gemm.product == "forward":
-        x = torch.randn(rows, gemm.k, generator=gen).to(gemm.dtype)
-        return x, weight, torch.randn(gemm.n, generator=gen).to(gemm.dtype), weight
-    grad = torch.randn(rows, gemm.n, generator=gen).to(gemm.dtype)  # (M, N)
+        return uniform(rows, gemm.k), weight, uniform(n), weight
+    grad = uniform(rows, n)  # (M, N)
     if gemm.product == "grad_input":
         return grad, weight.t(), None, weight  # g (M, N) · W (N, K)
-    x = torch.randn(rows, gemm.k, generator=gen).to(gemm.dtype)
-    return grad.t(), x.t(), None, weight  # gᵀ (N, M) · x (M, K)
+    return grad.t(), uniform(rows, gemm.k).t(), None, weight  # gᵀ (N, M) · x (M, K)
 
 
 def measure(gemm: Gemm, rows: int | None = None, rounds: int = MEASURE_ROUNDS,
             budget_s: float = MEASURE_BUDGET_S) -> dict[str, float]:
     """Seconds per call of each candidate that runs `gemm` correctly (best of `rounds`; bounded).
 
-    rows: the row count to time at; by default `gemm.rows` cut so that a call is at most
-    `MEASURE_FLOPS` (at least 128 rows): throughput at these shapes changes little with the row
-    count. The rounds stop once `budget_s` has passed after the second. A candidate that raises,
-    or whose result is not torch's own to rounding, is left out.
+    A call is cut to at most `MEASURE_FLOPS` (throughput at these shapes changes little with the
+    outer dimensions): the forward and grad_input lose rows (at least 64 are kept), grad_weight,
+    whose inner dimension the rows are, loses output features N instead. rows: time at this many
+    rows, uncut. After the first round, a candidate more than `DROP_AFTER_ONE_ROUND` times slower
+    than the best is not timed again; the rounds stop once `budget_s` has passed after the second.
+    A candidate that raises, or whose result is not torch's own to rounding, is left out.
     """
-    rows = rows or max(min(gemm.rows, int(MEASURE_FLOPS // gemm.flops(1))), min(gemm.rows, 128))
+    n = gemm.n
+    if rows is None:
+        fit = lambda size: max(min(size, int(MEASURE_FLOPS // (gemm.flops(1) * gemm.rows / size))), min(size, 64))  # noqa: E731
+        rows, n = (gemm.rows, fit(gemm.n)) if gemm.product == "grad_weight" else (fit(gemm.rows), gemm.n)
     tolerance = 1e-4 if gemm.dtype == torch.float32 else 2e-2  # relative, over the whole result
     # Outside inference_mode even inside one: the packed copy of an inference tensor is not kept.
     with torch.inference_mode(False), torch.no_grad(), torch.autocast("cpu", enabled=False):
-        a, b, bias, weight = _operands(gemm, rows)
+        a, b, bias, weight = _operands(gemm, rows, n)
         reference = _run(gemm, "mkl", a, b, bias, weight).float()
         working = []
         for kernel in candidates(gemm):
@@ -278,6 +283,9 @@ def measure(gemm: Gemm, rows: int | None = None, rounds: int = MEASURE_ROUNDS,
                 begin = time.perf_counter()
                 _run(gemm, kernel, a, b, bias, weight)
                 best[kernel] = min(best[kernel], time.perf_counter() - begin)
+            if round_ == 0:
+                fastest = min(best.values())
+                working = [k for k in working if best[k] <= DROP_AFTER_ONE_ROUND * fastest]
             if round_ >= 1 and time.perf_counter() - start > budget_s:
                 break
     return best
