@@ -16,8 +16,8 @@ sequence ends and the next begins. This module
 The layout: buckets of similar-length sequences. The packed rows are grouped into buckets,
 each a grid of n sequences x L slots, L the bucket's longest sequence, laid out sequence by
 sequence. A (n * L, H) slice of the packed tensor then *is* a (n, A, L, D) attention input by
-a view, so each bucket takes one attention call (SDPA, or `bmm_attention` where that measured
-faster; see `cpu_gemm.py`) with no gather or scatter in any layer. Sequences of equal length share a bucket with no padding at all; a
+a view, so each bucket takes one call of the model's attention function, with no gather or
+scatter in any layer. Sequences of equal length share a bucket with no padding at all; a
 bucket that mixes lengths carries a few padded slots, masked as keys. `plan_buckets` chooses
 the buckets with a small dynamic programme over the sorted lengths that minimises the work:
 linear layers on every slot, attention over every slot pair, and a fixed cost per call. One
@@ -47,8 +47,6 @@ from typing import Callable
 
 import torch
 
-from .cpu_gemm import bf16_in_fp32
-
 # The fixed cost of one attention call, in units of attention work (one unit = one query-key
 # pair, all heads). 128**2 means: "starting a call costs about as much as attending over a
 # 128-token sequence" (about a millisecond at bert-base width on two cores).
@@ -62,12 +60,10 @@ REDUCED_PRECISION_CALL_COST = 4 * CALL_COST
 def default_call_cost(dtype: torch.dtype, device: torch.device = torch.device("cpu")) -> float:
     """`plan_buckets`' fixed cost per attention call for computation in `dtype` on `device`.
 
-    bf16 on a CPU without bf16 units runs its matrix multiplies on fp32 kernels (`cpu_gemm.py`):
-    it weighs calls as fp32 does.
+    By dtype alone; the model's CPU fast path passes its own (`cpu_kernels.attention_call_cost`:
+    bf16 run on fp32 kernels weighs calls as fp32 does).
     """
-    if dtype not in (torch.bfloat16, torch.float16) or bf16_in_fp32(device, dtype):
-        return CALL_COST
-    return REDUCED_PRECISION_CALL_COST
+    return REDUCED_PRECISION_CALL_COST if dtype in (torch.bfloat16, torch.float16) else CALL_COST
 
 
 @dataclass

@@ -48,6 +48,10 @@ class ScratchBertConfig(PretrainedConfig):
         classifier_dropout: dropout before classification heads (defaults to
             `hidden_dropout_prob` when None).
         tie_word_embeddings: share the MLM decoder's weight with the word embeddings.
+        cpu_kernels: run the CPU fast path (`cpu_kernels.py`: each matrix multiply on the kernel
+            measured fastest here, attention and Q/K/V choices measured per CPU); False keeps
+            the modules exactly as `modeling_scratchbert.py` writes them (reading, exact parity).
+            Outputs agree to floating-point rounding either way; not a property of the weights.
     """
 
     model_type = "scratchbert"
@@ -69,6 +73,7 @@ class ScratchBertConfig(PretrainedConfig):
         pad_token_id: int = 0,
         classifier_dropout: float | None = None,
         tie_word_embeddings: bool = True,
+        cpu_kernels: bool = True,
         **kwargs,
     ):
         self.vocab_size = vocab_size
@@ -84,6 +89,7 @@ class ScratchBertConfig(PretrainedConfig):
         self.initializer_range = initializer_range
         self.layer_norm_eps = layer_norm_eps
         self.classifier_dropout = classifier_dropout
+        self.cpu_kernels = cpu_kernels
         # Keys of a transformers BERT config.json that describe decoder use (BERT as a
         # causal LM, cross-attention) or a KV cache. scratchbert is an encoder only, so
         # they are accepted for compatibility and dropped rather than stored unused.

@@ -57,6 +57,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .bert_padding import is_tracing
+
 # --------------------------------------------------------------------------------------------
 # What this CPU and this torch report
 # --------------------------------------------------------------------------------------------
@@ -99,11 +101,6 @@ MEASURE_ROUNDS = 5
 MEASURE_BUDGET_S = 0.05  # per bucket, after the second round
 DROP_AFTER_ONE_ROUND = 1.5  # a candidate this many times slower than the best after one round is out
 MARGIN = 0.05  # another kernel must be this much faster than "mkl" to be chosen
-
-
-def _tracing() -> bool:
-    """Whether a tracer or compiler is recording: it must see the plain `F.linear`."""
-    return torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.onnx.is_in_onnx_export()
 
 
 class _PackedWeights:
@@ -402,7 +399,7 @@ def linear_weights(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     n, k = weight.shape if weight.dim() == 2 else (0, 0)
     floats = (torch.float32, torch.bfloat16)
     same_dtype = x.dtype == weight.dtype == dtype and (bias is None or bias.dtype == dtype)
-    if (x.device.type != "cpu" or dtype not in floats or _tracing() or _override() == "mkl"
+    if (x.device.type != "cpu" or dtype not in floats or is_tracing() or _override() == "mkl"
             or 2.0 * rows * k * n < MIN_FLOPS
             or not (same_dtype or (autocast and x.dtype in floats and weight.dtype in floats))):
         return F.linear(x, weight, bias)
@@ -476,8 +473,8 @@ def use_measured_kernels(module: nn.Module, enabled: bool = True) -> nn.Module:
 def bf16_in_fp32(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether bf16 matrix multiplies on `device` run on fp32 kernels (measured at bert-base's feed-forward shape).
 
-    True on CPUs where torch's bf16 GEMM has no hardware; `bert_padding` then weighs attention
-    calls as in fp32.
+    True on CPUs where torch's bf16 GEMM has no hardware; `cpu_kernels.attention_call_cost` then
+    weighs attention calls as in fp32.
     """
     if device.type != "cpu" or dtype != torch.bfloat16 or _override() == "mkl":
         return False

@@ -14,8 +14,13 @@ Every sub-module keeps the attribute names of transformers' BERT (`embeddings.wo
 `encoder.layer.N.attention.self.query`, `LayerNorm`, `cls.predictions`, ...), so the state dict
 of any transformers BERT checkpoint loads here key for key, with no conversion step.
 
-`linear(x, self.dense)` reads as `self.dense(x)`: the same layer, run the way this CPU runs it
-fastest (`cpu_gemm.py`: e.g. bf16 on the fp32 kernel where the CPU has no bf16 instructions).
+Everything here is plain PyTorch: `self.dense(x)` is an `nn.Linear`, "sdpa" is
+`F.scaled_dot_product_attention`. The CPU fast paths live outside this file: with
+`config.cpu_kernels` (the default), `post_init` swaps in `cpu_kernels.py`'s modules, which run
+each matrix multiply on the kernel measured fastest on this CPU and pick SDPA or two batched
+GEMMs per attention call; the same parameters, the same state dict, the same outputs to
+rounding. `ScratchBertConfig(cpu_kernels=False)` (or `model.use_cpu_kernels(False)`) keeps the
+model exactly as written here: for reading, stepping through, and exact parity.
 """
 
 from __future__ import annotations
@@ -44,10 +49,18 @@ from transformers.modeling_outputs import (
 from transformers.utils import ModelOutput, can_return_tuple
 from typing_extensions import Unpack
 
-from .bert_padding import PackedSequences, is_tracing, labelled_tokens, pack_sequences, packed_attention, pad, unpad
+from .bert_padding import (
+    PackedSequences,
+    default_call_cost,
+    is_tracing,
+    labelled_tokens,
+    pack_sequences,
+    packed_attention,
+    pad,
+    unpad,
+)
 from .configuration_scratchbert import ScratchBertConfig
 from .errors import corrupt_weights
-from .cpu_gemm import linear, stack_qkv, use_bmm_attention
 
 IGNORE_INDEX = -100  # label value that contributes no loss, everywhere in scratchbert
 
@@ -140,44 +153,13 @@ def sdpa_attention(
     """The same computation through `F.scaled_dot_product_attention` (fused, no S x S tensor kept).
 
     It cannot return the probabilities; `ScratchBertSelfAttention` switches to
-    `eager_attention` for a call that asks for them. Shapes as in `eager_attention`. Like SDPA
-    choosing among its own backends, short sequences on CPUs where it measured faster go through
-    `bmm_attention` instead (see `cpu_gemm.use_bmm_attention`); not in a traced call, whose
-    recorded graph must serve every length.
+    `eager_attention` for a call that asks for them. Shapes as in `eager_attention`.
     """
-    if not is_tracing() and use_bmm_attention(query):  # is_tracing first: no guard on the length
-        return bmm_attention(query, key, value, mask, dropout_p), None
     context = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout_p)
     return context, None
 
 
-def bmm_attention(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    mask: torch.Tensor | None,
-    dropout_p: float,
-) -> torch.Tensor:
-    """`eager_attention`'s math as two batched GEMMs, the scale and mask folded into the first.
-
-    `baddbmm(mask, Q, K^T, alpha=1/sqrt(D))` computes mask + Q K^T / sqrt(D) in one call, so the
-    (S, S) scores are written once. Returns the context only. Shapes as in `eager_attention`.
-    """
-    batch, heads, seq, head_dim = query.shape
-    q = query.reshape(batch * heads, seq, head_dim)  # (B*A, S, D): one GEMM per (sequence, head)
-    k_t = key.reshape(batch * heads, seq, head_dim).transpose(1, 2)  # (B*A, D, S)
-    v = value.reshape(batch * heads, seq, head_dim)  # (B*A, S, D)
-    if mask is None:
-        bias = q.new_zeros(()).expand(batch * heads, seq, seq)  # ignored: beta=0
-        scores = torch.baddbmm(bias, q, k_t, beta=0, alpha=head_dim**-0.5)  # (B*A, S, S)
-    else:
-        bias = mask.to(q.dtype).expand(batch, heads, 1, seq).reshape(batch * heads, 1, seq)  # (B*A, 1, S)
-        scores = torch.baddbmm(bias, q, k_t, alpha=head_dim**-0.5)  # (B*A, S, S)
-    probs = F.dropout(scores.softmax(dim=-1), p=dropout_p)
-    return torch.bmm(probs.to(v.dtype), v).view(batch, heads, seq, head_dim)  # (B, A, S, D)
-
-
-ATTENTION_FUNCTIONS = {"eager": eager_attention, "sdpa": sdpa_attention}
+ATTENTION_FUNCTIONS = {"eager": eager_attention, "sdpa": sdpa_attention}  # config's attn_implementation -> function
 
 
 # ---------------------------------------------------------------------------------------------
@@ -192,6 +174,8 @@ class ScratchBertSelfAttention(nn.Module):
     tokens grouped by length, and `mask` is a `PackedSequences` saying where each sequence lies.
     """
 
+    attention_functions = ATTENTION_FUNCTIONS  # implementation name -> function
+
     def __init__(self, config: ScratchBertConfig):
         super().__init__()
         self.config = config
@@ -203,24 +187,8 @@ class ScratchBertSelfAttention(nn.Module):
         self.dropout_p = config.attention_probs_dropout_prob
 
     def project(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Queries, keys and values: (..., H) -> three (..., H) tensors.
-
-        Three linear maps of the same input. Where it measured faster (GPUs, and bf16 on CPUs
-        with AMX; see `cpu_gemm.stack_qkv`) they run as one matrix multiply: the three (H, H)
-        weights are stacked into one (3H, H) matrix, so the input is read once and the machine
-        runs one wide GEMM (3H outputs) instead of three narrow ones. The same numbers either way.
-        Under autocast the weights are cast before stacking (half the bytes to copy).
-        """
-        if not stack_qkv(hidden_states):
-            return linear(hidden_states, self.query), linear(hidden_states, self.key), linear(hidden_states, self.value)
-        weights = (self.query.weight, self.key.weight, self.value.weight)
-        biases = (self.query.bias, self.key.bias, self.value.bias)
-        device = hidden_states.device.type
-        if torch.is_autocast_enabled(device):
-            dtype = torch.get_autocast_dtype(device)
-            weights, biases = [w.to(dtype) for w in weights], [b.to(dtype) for b in biases]
-        projected = F.linear(hidden_states, torch.cat(weights), torch.cat(biases))  # (..., 3H)
-        return projected.chunk(3, dim=-1)  # 3 x (..., H): views, no copy
+        """Queries, keys and values: three linear maps of the same input, (..., H) -> 3 x (..., H)."""
+        return self.query(hidden_states), self.key(hidden_states), self.value(hidden_states)
 
     def split_heads(self, x: torch.Tensor) -> torch.Tensor:
         """Give each head its own D-wide slice of the projection: (B, S, H) -> (B, A, S, D)."""
@@ -233,7 +201,7 @@ class ScratchBertSelfAttention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         # The fused kernel cannot return probabilities: use the written-out math when asked.
         implementation = "eager" if output_attentions else self.config._attn_implementation
-        attend = ATTENTION_FUNCTIONS[implementation]
+        attend = self.attention_functions[implementation]
         dropout_p = self.dropout_p if self.training else 0.0
         query, key, value = self.project(hidden_states)  # 3 x (B, S, H), or 3 x (R, H) packed
         if isinstance(mask, PackedSequences):  # padding-free path: (R, H) in, (R, H) out
@@ -265,7 +233,7 @@ class ScratchBertAddNorm(nn.Module):
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        return self.LayerNorm(residual + self.dropout(linear(x, self.dense)))
+        return self.LayerNorm(residual + self.dropout(self.dense(x)))
 
 
 class ScratchBertAttention(nn.Module):
@@ -295,7 +263,7 @@ class ScratchBertIntermediate(nn.Module):
         self.intermediate_act_fn = ACT2FN[config.hidden_act]
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.intermediate_act_fn(linear(hidden_states, self.dense))
+        return self.intermediate_act_fn(self.dense(hidden_states))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -392,7 +360,7 @@ class ScratchBertPredictionHeadTransform(nn.Module):
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.LayerNorm(self.transform_act_fn(linear(hidden_states, self.dense)))
+        return self.LayerNorm(self.transform_act_fn(self.dense(hidden_states)))
 
 
 class ScratchBertLMPredictionHead(nn.Module):
@@ -410,7 +378,7 @@ class ScratchBertLMPredictionHead(nn.Module):
         self.bias = nn.Parameter(torch.zeros(config.vocab_size))  # tied to decoder.bias, BERT's checkpoint name
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return linear(self.transform(hidden_states), self.decoder)
+        return self.decoder(self.transform(hidden_states))
 
 
 class ScratchBertPreTrainingHeads(nn.Module):
@@ -525,6 +493,26 @@ class ScratchBertPreTrainedModel(PreTrainedModel):
                 raise  # not a damaged file: e.g. a shape mismatch, whose own message is clear
             raise corrupt_weights(_weights_file(path), f"{err.__class__.__name__}: {err}") from None
 
+    def post_init(self) -> None:
+        """transformers' end-of-`__init__` step (initialisation, tying), then the CPU fast path if configured."""
+        super().post_init()
+        if self.config.cpu_kernels:
+            self.use_cpu_kernels()
+
+    def use_cpu_kernels(self, enabled: bool = True) -> "ScratchBertPreTrainedModel":
+        """Swap the CPU fast path in (`enabled`) or out, in place; returns the model.
+
+        In: every `nn.Linear` becomes a `cpu_gemm.MeasuredLinear` and every self-attention a
+        `cpu_kernels.CpuSelfAttention` (the same parameters and state dict, outputs equal to
+        rounding; off the CPU, under a tracer or for small products they run torch's own calls).
+        Out: the modules are again the plain ones this file defines. Saved as `config.cpu_kernels`.
+        """
+        from .cpu_kernels import use_cpu_kernels  # the fast path lives outside the model's reading path
+
+        use_cpu_kernels(self, enabled)
+        self.config.cpu_kernels = enabled
+        return self
+
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
         """BERT's initialisation: N(0, initializer_range) weights, zero biases, LayerNorm at identity.
@@ -637,6 +625,7 @@ class ScratchBertModel(ScratchBertPreTrainedModel):
         self.encoder = ScratchBertEncoder(config)
         self.pooler = ScratchBertPooler(config) if add_pooling_layer else None
         self.padding_free = True  # skip padded positions in the layers (not saved; a speed switch)
+        self.attention_call_cost = default_call_cost  # (dtype, device) -> the bucket planner's cost of one attention call
         self.post_init()
 
     def get_input_embeddings(self) -> nn.Embedding:
@@ -694,7 +683,8 @@ class ScratchBertModel(ScratchBertPreTrainedModel):
                 dtype = (inputs_embeds if inputs_embeds is not None else self.embeddings.word_embeddings.weight).dtype
             if self.padding_free and not output_attentions and not tracing:
                 # Padding-free: each sequence's real tokens, packed into (R, H), attend among themselves.
-                mask = pack_sequences(attention_mask, self.config, lambda keep: additive_attention_mask(keep, dtype), dtype=dtype)
+                call_cost = self.attention_call_cost(dtype, device)
+                mask = pack_sequences(attention_mask, self.config, lambda keep: additive_attention_mask(keep, dtype), call_cost)
             else:
                 mask = additive_attention_mask(attention_mask, dtype)  # (B, 1, 1, S)
 

@@ -18,7 +18,7 @@ from scratchbert.onnx_export import example_batch
 
 VOCAB = 99
 # Batch sizes from 2 up (torch specialises sizes 0 and 1, so one sequence gets a graph of its own);
-# lengths on both sides of the bmm-attention cut-off (`cpu_gemm.BMM_ATTENTION_MAX_LENGTH`, at most 128);
+# lengths on both sides of the bmm-attention cut-off (`cpu_gemm.BMM_ATTENTION_MAX_LENGTH`, at most 128, on the CPU fast path);
 # one batch with no padding at all.
 SHAPES = [(3, 9), (5, 17), (2, 140), (7, 3), (4, 33)]
 

@@ -21,6 +21,7 @@ from torch import nn
 import scratchbert.modeling_scratchbert as modeling
 from scratchbert import ScratchBertConfig, ScratchBertModel, cpu_gemm
 from scratchbert.bert_padding import CALL_COST, REDUCED_PRECISION_CALL_COST, default_call_cost
+from scratchbert.cpu_kernels import attention_call_cost, bmm_attention
 
 CPU = torch.device("cpu")
 FP32_REL = 1e-5
@@ -292,7 +293,7 @@ def test_what_is_not_rerouted_is_one_plain_f_linear(monkeypatch, case):
     if case == "small":
         monkeypatch.setattr(cpu_gemm, "MIN_FLOPS", 2 * 64 * 48 * 40 + 1)
     elif case == "tracing":
-        monkeypatch.setattr(cpu_gemm, "_tracing", lambda: True)
+        monkeypatch.setattr(cpu_gemm, "is_tracing", lambda: True)
     elif case == "fp16":
         layer, x = layer.half(), x.half()
     elif case == "mkl override":
@@ -420,10 +421,12 @@ def test_bf16_model_is_the_same_on_the_fp32_kernel(monkeypatch, padded):
 def test_bucket_plans_weigh_calls_as_fp32_where_bf16_runs_on_fp32_kernels(monkeypatch):
     favour(monkeypatch, "fp32")
     assert cpu_gemm.bf16_in_fp32(CPU, torch.bfloat16)
-    assert default_call_cost(torch.bfloat16, CPU) == default_call_cost(torch.float32, CPU) == CALL_COST
+    assert attention_call_cost(torch.bfloat16, CPU) == attention_call_cost(torch.float32, CPU) == CALL_COST
     monkeypatch.setattr(cpu_gemm, "DECISIONS", {})
     favour(monkeypatch, "mkl")
     assert not cpu_gemm.bf16_in_fp32(CPU, torch.bfloat16)
+    assert attention_call_cost(torch.bfloat16, CPU) == REDUCED_PRECISION_CALL_COST
+    # The plain model's planner weighs by dtype alone: it knows nothing of the kernels.
     assert default_call_cost(torch.bfloat16, CPU) == REDUCED_PRECISION_CALL_COST
 
 
@@ -541,7 +544,7 @@ def attention_inputs(dtype=torch.float32, requires_grad=False):
 def test_bmm_attention_equals_the_written_out_math_and_sdpa(masked):
     q, k, v, mask = attention_inputs()
     mask = mask if masked else None
-    context = modeling.bmm_attention(q, k, v, mask, 0.0)
+    context = bmm_attention(q, k, v, mask, 0.0)
     reference, _ = modeling.eager_attention(q, k, v, mask, 0.0)
     assert context.shape == (3, 4, 7, 16) and torch.isfinite(context).all()
     torch.testing.assert_close(context, reference, atol=1e-6, rtol=0)
@@ -552,7 +555,7 @@ def test_bmm_attention_equals_the_written_out_math_and_sdpa(masked):
 def test_bmm_attention_gradients_and_bf16():
     q, k, v, mask = attention_inputs(requires_grad=True)
     grads = []
-    for attend in (modeling.bmm_attention, lambda *a: modeling.eager_attention(*a)[0]):
+    for attend in (bmm_attention, lambda *a: modeling.eager_attention(*a)[0]):
         attend(q, k, v, mask, 0.0).square().sum().backward()
         grads.append([t.grad.clone() for t in (q, k, v)])
         for t in (q, k, v):
@@ -561,7 +564,7 @@ def test_bmm_attention_gradients_and_bf16():
         torch.testing.assert_close(ours, reference, atol=1e-5, rtol=0)
 
     q16, k16, v16, mask16 = attention_inputs(torch.bfloat16)
-    context = modeling.bmm_attention(q16, k16, v16, mask16, 0.0)
+    context = bmm_attention(q16, k16, v16, mask16, 0.0)
     assert context.dtype == torch.bfloat16 and torch.isfinite(context).all()
     reference, _ = modeling.eager_attention(*(t.detach() for t in (q, k, v)), mask, 0.0)
     torch.testing.assert_close(context.float(), reference, atol=3e-2, rtol=0)

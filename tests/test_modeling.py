@@ -10,7 +10,6 @@ import torch
 from conftest import tiny_bert_config
 
 import scratchbert
-import scratchbert.modeling_scratchbert as modeling
 from scratchbert import (
     ScratchBertConfig,
     ScratchBertForMaskedLM,
@@ -24,6 +23,8 @@ from scratchbert import (
 )
 from scratchbert.errors import CorruptCheckpointError
 from scratchbert.modeling_scratchbert import additive_attention_mask, eager_attention, sdpa_attention
+from scratchbert import cpu_kernels
+from scratchbert.cpu_kernels import CpuSelfAttention
 
 VOCAB, HIDDEN, LAYERS, HEADS, SEQ = 99, 32, 2, 4, 9
 
@@ -181,12 +182,13 @@ def test_eager_and_sdpa_attention_functions_agree_with_padding():
 
 @pytest.mark.parametrize("autocast", [False, True])
 def test_stacked_qkv_projection_equals_three_linear_layers(autocast, monkeypatch):
-    """`project` multiplies once by the stacked (3H, H) weight: the same as query, key, value in turn."""
+    """The CPU fast path's `project` multiplies once by the stacked (3H, H) weight: the same as query, key, value in turn."""
     torch.manual_seed(0)
     attention = ScratchBertModel(tiny_config()).encoder.layer[0].attention.self
+    assert isinstance(attention, CpuSelfAttention)  # config.cpu_kernels is on by default
     x = torch.randn(3, SEQ, HIDDEN)
     calls = []
-    monkeypatch.setattr(modeling, "stack_qkv", lambda x: calls.append(x.shape) or True)  # stack on any CPU
+    monkeypatch.setattr(cpu_kernels, "stack_qkv", lambda x: calls.append(x.shape) or True)  # stack on any CPU
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
         stacked = attention.project(x)
         assert calls == [x.shape]

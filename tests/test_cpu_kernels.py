@@ -1,0 +1,146 @@
+"""The CPU fast path is a swap of modules, off the model's reading path: one switch, same numbers.
+
+`config.cpu_kernels` (default on) swaps `cpu_kernels.py`'s modules into the model; off, the
+model is exactly what `modeling_scratchbert.py` writes: `nn.Linear`, three Q/K/V projections,
+"sdpa" meaning `F.scaled_dot_product_attention`. Tolerance between the two: 1e-5 in fp32
+(summation order of other GEMM kernels and of two batched GEMMs against SDPA).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import scratchbert.cpu_kernels as cpu_kernels
+from scratchbert import ScratchBertConfig, ScratchBertForMaskedLM, ScratchBertModel, cpu_gemm
+from scratchbert.bert_padding import default_call_cost
+from scratchbert.cpu_kernels import CpuSelfAttention
+from scratchbert.modeling_scratchbert import ScratchBertSelfAttention
+
+PACKAGE = Path(cpu_kernels.__file__).parent
+FIELDS = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+              hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+
+
+def masked_lm(**overrides) -> ScratchBertForMaskedLM:
+    torch.manual_seed(0)
+    return ScratchBertForMaskedLM(ScratchBertConfig(**{**FIELDS, **overrides}))
+
+
+def batch(padded: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(5, 99, (4, 12), generator=gen)
+    mask = torch.ones_like(ids)
+    if padded:
+        mask[1, 8:] = 0
+        mask[2, 3:] = 0
+    return ids, mask
+
+
+def module_types(model: nn.Module) -> set[type]:
+    return {type(m) for m in model.modules()}
+
+
+def test_the_switch_is_on_by_default_and_swaps_classes_not_parameters():
+    model = masked_lm()
+    assert model.config.cpu_kernels is True
+    assert nn.Linear not in module_types(model) and ScratchBertSelfAttention not in module_types(model)
+    assert {cpu_gemm.MeasuredLinear, CpuSelfAttention} <= module_types(model)
+    assert model.bert.attention_call_cost is cpu_kernels.attention_call_cost
+    parameters = {name: p for name, p in model.named_parameters()}
+    keys = list(model.state_dict())
+
+    assert model.use_cpu_kernels(False) is model
+    assert model.config.cpu_kernels is False
+    assert cpu_gemm.MeasuredLinear not in module_types(model) and CpuSelfAttention not in module_types(model)
+    assert {nn.Linear, ScratchBertSelfAttention} <= module_types(model)
+    assert model.bert.attention_call_cost is default_call_cost
+    assert list(model.state_dict()) == keys
+    assert all(p is parameters[name] for name, p in model.named_parameters())  # the same tensors, not copies
+
+
+def test_switched_off_in_the_config_the_model_is_the_plain_one_and_stays_so_when_reloaded(tmp_path):
+    model = masked_lm(cpu_kernels=False)
+    assert cpu_gemm.MeasuredLinear not in module_types(model) and CpuSelfAttention not in module_types(model)
+    model.save_pretrained(tmp_path)
+    reloaded = ScratchBertForMaskedLM.from_pretrained(tmp_path)
+    assert reloaded.config.cpu_kernels is False and CpuSelfAttention not in module_types(reloaded)
+    turned_on = ScratchBertForMaskedLM.from_pretrained(tmp_path, cpu_kernels=True)
+    assert CpuSelfAttention in module_types(turned_on)
+
+
+@pytest.mark.parametrize("padded", [True, False], ids=["padding-free path", "full batch"])
+@pytest.mark.parametrize("kernel", ["onednn", "mkl"])
+def test_fast_path_equals_the_plain_model_forward_and_backward(monkeypatch, padded, kernel):
+    monkeypatch.setenv("SCRATCHBERT_GEMM", kernel)
+    monkeypatch.setattr(cpu_gemm, "MIN_FLOPS", 0)  # reroute even these tiny products
+    monkeypatch.setattr(cpu_gemm, "BMM_ATTENTION_MAX_LENGTH", 128)  # and attend through two batched GEMMs
+    monkeypatch.setattr(cpu_gemm, "DECISIONS", {})
+    ids, mask = batch(padded)
+    results = []
+    for enabled in (False, True):
+        model = masked_lm().use_cpu_kernels(enabled)
+        logits = model(input_ids=ids, attention_mask=mask).logits
+        (logits * mask[..., None]).square().mean().backward()
+        grads = {name: p.grad for name, p in model.named_parameters() if p.grad is not None}
+        results.append((logits[mask.bool()].detach(), grads))
+    (plain, plain_grads), (fast, fast_grads) = results
+    torch.testing.assert_close(fast, plain, atol=1e-5, rtol=0)
+    assert fast_grads.keys() == plain_grads.keys()
+    for name in plain_grads:
+        torch.testing.assert_close(fast_grads[name], plain_grads[name], atol=1e-5, rtol=0, msg=name)
+
+
+def test_sdpa_means_sdpa_in_the_plain_model(monkeypatch):
+    """Plain: every attention call is F.scaled_dot_product_attention, short sequences too; fast: two batched GEMMs."""
+    monkeypatch.setattr(cpu_gemm, "BMM_ATTENTION_MAX_LENGTH", 128)
+    monkeypatch.setattr(cpu_gemm, "AMX_BF16", False)
+    sdpa_calls, bmm_calls = [], []
+    real_sdpa, real_bmm = F.scaled_dot_product_attention, cpu_kernels.bmm_attention
+    monkeypatch.setattr(F, "scaled_dot_product_attention", lambda *a, **k: sdpa_calls.append(1) or real_sdpa(*a, **k))
+    monkeypatch.setattr(cpu_kernels, "bmm_attention", lambda *a: bmm_calls.append(1) or real_bmm(*a))
+    ids, mask = batch(padded=False)
+    model = masked_lm().eval()
+    assert model.config._attn_implementation == "sdpa"
+    with torch.no_grad():
+        model.use_cpu_kernels(False)(input_ids=ids, attention_mask=mask)
+        assert len(sdpa_calls) == FIELDS["num_hidden_layers"] and not bmm_calls
+        model.use_cpu_kernels(True)(input_ids=ids, attention_mask=mask)
+        assert len(bmm_calls) == FIELDS["num_hidden_layers"] and len(sdpa_calls) == FIELDS["num_hidden_layers"]
+
+
+def test_an_unknown_cpu_is_not_rerouted(monkeypatch):
+    """torch cannot say what the CPU has: no bmm attention, no stacked Q/K/V, whatever the length."""
+    monkeypatch.setattr(cpu_gemm, "AMX_BF16", False)
+    monkeypatch.setattr(cpu_gemm, "BF16_UNITS", None)
+    monkeypatch.setattr(cpu_gemm, "BMM_ATTENTION_MAX_LENGTH", 0)  # what an unknown CPU gets at import
+    query = torch.zeros(2, 4, 8, 16)
+    assert not cpu_gemm.use_bmm_attention(query) and not cpu_gemm.use_bmm_attention(query.bfloat16())
+    assert not cpu_gemm.stack_qkv(torch.zeros(3, 32).bfloat16())
+
+
+def imported_modules(path: Path, top_level_only: bool) -> set[str]:
+    """The scratchbert modules `path` imports (relative imports), at module level only if asked."""
+    tree = ast.parse(path.read_text())
+    nodes = tree.body if top_level_only else list(ast.walk(tree))
+    return {node.module for node in nodes if isinstance(node, ast.ImportFrom) and node.level and node.module}
+
+
+def test_the_model_and_the_padding_planner_do_not_import_the_kernel_policy():
+    """The reading path names no CPU kernel: modeling imports the switch only inside `use_cpu_kernels`."""
+    assert not {"cpu_gemm", "cpu_kernels"} & imported_modules(PACKAGE / "modeling_scratchbert.py", top_level_only=True)
+    assert not {"cpu_gemm", "cpu_kernels"} & imported_modules(PACKAGE / "bert_padding.py", top_level_only=False)
+    source = (PACKAGE / "modeling_scratchbert.py").read_text()
+    assert "linear(" not in source.replace("nn.Linear(", "")  # every layer reads self.dense(x)
+
+
+def test_the_bare_encoder_and_every_head_get_the_switch():
+    model = ScratchBertModel(ScratchBertConfig(**FIELDS))
+    assert CpuSelfAttention in module_types(model)
+    plain = ScratchBertModel(ScratchBertConfig(**FIELDS, cpu_kernels=False))
+    assert CpuSelfAttention not in module_types(plain) and cpu_gemm.MeasuredLinear not in module_types(plain)
