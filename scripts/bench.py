@@ -77,6 +77,7 @@ from scratchbert.training.data import build_pretraining_dataset, split_sentences
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
 NUM_THREADS = 2
+CASES = ("inference", "training", "memory")  # (a) and (b); (c); (d)
 BERT_BASE = dict(vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072)
 
 
@@ -519,6 +520,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="2 layers and small batches: a minute or two")
     parser.add_argument("--repeats", type=int, default=None, help="timed runs per side and case (default 5, quick 1)")
     parser.add_argument("--threads", type=int, default=NUM_THREADS, help=f"torch threads (default {NUM_THREADS}, the machine's cores)")
+    parser.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES),
+                        help="which cases to run: inference (a, b), training (c), memory (d); default all")
     parser.add_argument("--memory-worker", nargs=4, metavar=("SIDE", "DIR", "BATCH", "THREADS"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.memory_worker:
@@ -566,6 +569,8 @@ def main(argv: list[str] | None = None) -> int:
         }
 
         session, ort_note = None, onnxruntime_missing()
+        if "inference" not in args.cases:
+            inputs, ort_note = {}, "not run (--cases)"
         if ort_note is None:
             print("  exporting transformers' BertModel to ONNX and fusing it ...", flush=True)
             try:
@@ -575,7 +580,7 @@ def main(argv: list[str] | None = None) -> int:
                 ort_note = f"export or fusion failed: {error!r}"
         print(f"  ONNX Runtime: {ort_note}", flush=True)
 
-        rows, skipped = [], []
+        rows, skipped, faults = [], [], []
         variants = (
             ("fp32", ours.bert, theirs.bert, torch.float32),
             ("bf16", copy.deepcopy(ours.bert).to(torch.bfloat16), copy.deepcopy(theirs.bert).to(torch.bfloat16), torch.float32),
@@ -610,11 +615,11 @@ def main(argv: list[str] | None = None) -> int:
                     ort_s=ort_s[0] if ort_s else None,
                     targets=targets,
                 ))
-        del variants, our_encoder, their_encoder, runners, session
+        del variants, session
 
         batch = pretraining_batch(tokenizer, *sizes["pretrain"], seed=0)
-        step_dtypes = [(torch.float32, "fp32"), (torch.bfloat16, "bf16 autocast")]
-        if not cpu_gemm.BF16_UNITS:
+        step_dtypes = [(torch.float32, "fp32"), (torch.bfloat16, "bf16 autocast")] if "training" in args.cases else []
+        if step_dtypes and not cpu_gemm.BF16_UNITS:
             # transformers' bf16 backward runs torch's bf16 matmul with no hardware for it (a
             # 2-layer step on 4 x 128 tokens took 60 s on an AVX2-only EPYC; scratchbert's 0.9 s).
             step_dtypes.pop()
@@ -641,23 +646,27 @@ def main(argv: list[str] | None = None) -> int:
         for name, value in gemm_peaks(peak_repeats, args.threads).items():
             peaks[f"{name} (end)"] = value
 
-        print("  (d) peak memory of (c), fp32, one subprocess per side ...", flush=True)
-        memory = measure_memory(workdir / "weights", batch, workdir, args.threads)
+        memory = {}
+        if "memory" in args.cases:
+            print("  (d) peak memory of (c), fp32, one subprocess per side ...", flush=True)
+            memory = measure_memory(workdir / "weights", batch, workdir, args.threads)
 
     print()
     print(format_table(rows, peaks, args.threads))
     print(f"ONNX Runtime {ort_version()}: {ort_note}.")
     names = ("scratchbert", "transformers", "ONNX Runtime")
-    print(f"Minor page faults in one (a) fp32 forward ({malloc_settings()}): "
-          + ", ".join(f"{name} {count:,}" for name, count in zip(names, faults)) + ".")
+    if faults:
+        print(f"Minor page faults in one (a) fp32 forward ({malloc_settings()}): "
+              + ", ".join(f"{name} {count:,}" for name, count in zip(names, faults)) + ".")
     print(f"scratchbert's GEMM kernels (cpu_gemm, shape buckets per kernel): {gemm_choices()}.")
     for line in skipped:
         print(line)
     mib = 2**20
     print()
-    print("| (d) pretraining step, fp32 | transformers | scratchbert | ratio | target |")
-    print("|---|---|---|---|---|")
-    for key, label in (("peak", "peak RSS"), ("rise", "rise over loaded model")):
+    if memory:
+        print("| (d) pretraining step, fp32 | transformers | scratchbert | ratio | target |")
+        print("|---|---|---|---|---|")
+    for key, label in (("peak", "peak RSS"), ("rise", "rise over loaded model")) if memory else ():
         value = {s: m["peak"] - (m["loaded"] if key == "rise" else 0) for s, m in memory.items()}
         print(f"| {label} | {value['theirs'] / mib:,.0f} MiB | {value['ours'] / mib:,.0f} MiB "
               f"| {value['ours'] / value['theirs']:.2f} | <= 1.00 |")

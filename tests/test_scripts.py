@@ -54,6 +54,15 @@ def test_bench_quick_prints_the_whole_table():
     assert ("fused operators: " in result.stdout) is (bench_module().onnxruntime_missing() is None)
 
 
+@pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="bench.py reads real text from ../shared/data")
+def test_bench_runs_only_the_cases_asked_for():
+    result = run_script("scripts/bench.py", "--quick", "--cases", "training", "--repeats", "1", timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "(c) pretraining step" in result.stdout
+    for case in ("(a) full-length", "(b) novel sentences", "peak RSS", "Minor page faults"):
+        assert case not in result.stdout
+
+
 def bench_module():
     """scripts/bench.py as a module (registered, as its dataclasses need)."""
     name = "scratchbert_bench_script"
