@@ -6,6 +6,7 @@ import importlib.util
 from pathlib import Path
 
 import pytest
+import torch
 
 from scratchbert import ScratchBertConfig
 
@@ -72,3 +73,14 @@ def fresh_accelerator_state():
     AcceleratorState._reset_state(reset_partial_state=True)
     yield
     AcceleratorState._reset_state(reset_partial_state=True)
+
+
+def small_batch(padded: bool, vocab_size: int = 99) -> tuple:
+    """input_ids (4, 12) and attention_mask: all real, or two rows padded (8 and 3 real tokens)."""
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(5, vocab_size, (4, 12), generator=gen)
+    mask = torch.ones_like(ids)
+    if padded:
+        mask[1, 8:] = 0
+        mask[2, 3:] = 0
+    return ids, mask

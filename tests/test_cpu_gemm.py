@@ -16,6 +16,7 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import small_batch
 from torch import nn
 
 import scratchbert.modeling_scratchbert as modeling
@@ -344,22 +345,12 @@ def tiny_model(**overrides):
     return ScratchBertModel(ScratchBertConfig(**{**fields, **overrides}))
 
 
-def model_inputs(padded: bool):
-    gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(5, 99, (4, 12), generator=gen)
-    mask = torch.ones_like(ids)
-    if padded:
-        mask[1, 8:] = 0
-        mask[2, 3:] = 0
-    return ids, mask
-
-
 @pytest.mark.parametrize("padded", [True, False], ids=["padding-free path", "full batch"])
 @pytest.mark.parametrize("kernel", ["onednn", "mkl"])
 def test_model_outputs_and_gradients_equal_the_plain_path(monkeypatch, padded, kernel):
     check_kernel_available(kernel)
     model = tiny_model()
-    ids, mask = model_inputs(padded)
+    ids, mask = small_batch(padded)
     results = []
     for mode in ("mkl", "auto"):
         monkeypatch.setenv("SCRATCHBERT_GEMM", mode)
@@ -574,7 +565,7 @@ def test_bmm_attention_gradients_and_bf16():
 def test_model_outputs_and_gradients_agree_on_every_cpu_profile(monkeypatch, padded):
     """The same model under each CPU profile (AMX, AVX-512 BF16, no bf16, unknown; bmm attention or SDPA): 1e-5 in fp32."""
     model = tiny_model()
-    ids, mask = model_inputs(padded)
+    ids, mask = small_batch(padded)
     results = []
     for profile, max_length in (("avx512_bf16", 128), ("avx512_bf16", 0), ("amx", 128), ("no_bf16", 128), ("unknown", 0)):
         set_profile(monkeypatch, profile)

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import small_batch
 from torch import nn
 
 import scratchbert.cpu_kernels as cpu_kernels
@@ -30,16 +31,6 @@ FIELDS = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_
 def masked_lm(**overrides) -> ScratchBertForMaskedLM:
     torch.manual_seed(0)
     return ScratchBertForMaskedLM(ScratchBertConfig(**{**FIELDS, **overrides}))
-
-
-def batch(padded: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(5, 99, (4, 12), generator=gen)
-    mask = torch.ones_like(ids)
-    if padded:
-        mask[1, 8:] = 0
-        mask[2, 3:] = 0
-    return ids, mask
 
 
 def module_types(model: nn.Module) -> set[type]:
@@ -81,7 +72,7 @@ def test_fast_path_equals_the_plain_model_forward_and_backward(monkeypatch, padd
     monkeypatch.setattr(cpu_gemm, "MIN_FLOPS", 0)  # reroute even these tiny products
     monkeypatch.setattr(cpu_gemm, "BMM_ATTENTION_MAX_LENGTH", 128)  # and attend through two batched GEMMs
     monkeypatch.setattr(cpu_gemm, "DECISIONS", {})
-    ids, mask = batch(padded)
+    ids, mask = small_batch(padded)
     results = []
     for enabled in (False, True):
         model = masked_lm().use_cpu_kernels(enabled)
@@ -104,7 +95,7 @@ def test_sdpa_means_sdpa_in_the_plain_model(monkeypatch):
     real_sdpa, real_bmm = F.scaled_dot_product_attention, cpu_kernels.bmm_attention
     monkeypatch.setattr(F, "scaled_dot_product_attention", lambda *a, **k: sdpa_calls.append(1) or real_sdpa(*a, **k))
     monkeypatch.setattr(cpu_kernels, "bmm_attention", lambda *a: bmm_calls.append(1) or real_bmm(*a))
-    ids, mask = batch(padded=False)
+    ids, mask = small_batch(padded=False)
     model = masked_lm().eval()
     assert model.config._attn_implementation == "sdpa"
     with torch.no_grad():
