@@ -450,6 +450,42 @@ def linear(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
     return out.view(*x.shape[:-1], layer.out_features)
 
 
+POST_OPS = ("gelu", "add")  # what `linear_post_op` can fuse into oneDNN's GEMM
+
+
+def linear_post_op(x: torch.Tensor, layer: nn.Linear, post_op: str, other: torch.Tensor | None = None) -> torch.Tensor | None:
+    """`F.gelu(layer(x))` ("gelu", erf GELU) or `layer(x) + other` ("add"), fused into the GEMM; None where not.
+
+    Inference only: where no gradient is recorded and the forward product's chosen kernel is
+    oneDNN's, the GELU or the addition runs as the GEMM's post-op, on each output tile while it
+    is still in cache, instead of as a second pass over the (M, N) output. Everywhere else
+    (training, torch's own kernel chosen, bf16 on the fp32 kernel, AMX row chunks, a tracer,
+    `other` in another dtype than the product) it returns None and the caller runs the two steps.
+    """
+    if post_op not in POST_OPS:
+        raise ValueError(f"unknown post-op {post_op!r}; one of {POST_OPS}")
+    dtype = _compute_dtype(x)
+    rows = x.numel() // x.size(-1) if x.dim() else 0
+    k, n = layer.in_features, layer.out_features
+    if (x.device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16) or is_tracing() or _override() == "mkl"
+            or torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, layer.weight, layer.bias))
+            or 2.0 * rows * k * n < MIN_FLOPS or row_chunks(rows, (k, n), x.device, dtype) > 1
+            or (other is None) is (post_op == "add") or (other is not None and other.dtype != dtype)):
+        return None
+    gemm = Gemm("forward", bucket(rows), k, n, dtype, True)
+    kernel = choose(gemm)
+    if kernel not in ("onednn", "onednn-packed"):
+        return None
+    flat = x.reshape(rows, k).to(dtype)  # (M, K)
+    weight = PACKED.get(layer.weight, dtype, False) if kernel == "onednn-packed" else layer.weight.to(dtype)
+    bias = _cast(layer.bias, dtype)
+    if post_op == "gelu":
+        out = torch.ops.mkldnn._linear_pointwise(flat, weight, bias, "gelu", [], "none")  # "none": erf, not tanh
+    else:
+        out = torch.ops.mkldnn._linear_pointwise.binary(flat, other.reshape(rows, n), weight, bias, "add")
+    return out.view(*x.shape[:-1], n)
+
+
 class MeasuredLinear(nn.Linear):
     """An `nn.Linear` whose products run on their measured kernels: the same parameters and state dict."""
 

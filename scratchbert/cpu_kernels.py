@@ -11,6 +11,9 @@ default) changes the classes of the model's modules, keeping every parameter and
   `sdpa_or_bmm_attention` (SDPA, or for short sequences where it measured faster two batched
   GEMMs, `bmm_attention`; as SDPA itself chooses among its backends), and it stacks the Q/K/V
   projection into one GEMM where that measured faster (`cpu_gemm.stack_qkv`);
+- `ScratchBertIntermediate` -> `CpuIntermediate` and `ScratchBertAddNorm` -> `CpuAddNorm`: in
+  inference, where the GEMM runs on oneDNN, the GELU and the residual addition run as the
+  GEMM's post-op instead of a second pass over its output (`cpu_gemm.linear_post_op`);
 - the bucket planner of the padding-free path gets this path's cost of one attention call
   (`attention_call_cost`).
 
@@ -29,8 +32,15 @@ from torch import nn
 # Names, not `from . import cpu_gemm`: a checkpoint saved with its code (trust_remote_code) carries
 # the files its modules import as `from .module import name`, and only those.
 from .bert_padding import CALL_COST, default_call_cost, is_tracing
-from .cpu_gemm import bf16_in_fp32, stack_qkv, use_bmm_attention, use_measured_kernels
-from .modeling_scratchbert import ATTENTION_FUNCTIONS, ScratchBertModel, ScratchBertSelfAttention, sdpa_attention
+from .cpu_gemm import bf16_in_fp32, linear_post_op, stack_qkv, use_bmm_attention, use_measured_kernels
+from .modeling_scratchbert import (
+    ATTENTION_FUNCTIONS,
+    ScratchBertAddNorm,
+    ScratchBertIntermediate,
+    ScratchBertModel,
+    ScratchBertSelfAttention,
+    sdpa_attention,
+)
 
 def bmm_attention(
     query: torch.Tensor,
@@ -104,6 +114,36 @@ class CpuSelfAttention(ScratchBertSelfAttention):
         return projected.chunk(3, dim=-1)  # 3 x (..., H): views, no copy
 
 
+class CpuIntermediate(ScratchBertIntermediate):
+    """`ScratchBertIntermediate` with the GELU fused into oneDNN's GEMM in inference (`cpu_gemm.linear_post_op`)."""
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        if getattr(self.intermediate_act_fn, "act", None) is F.gelu:  # BERT's erf GELU, as oneDNN's "gelu"
+            fused = linear_post_op(hidden_states, self.dense, "gelu")
+            if fused is not None:
+                return fused
+        return super().forward(hidden_states)
+
+
+class CpuAddNorm(ScratchBertAddNorm):
+    """`ScratchBertAddNorm` with the residual addition fused into oneDNN's GEMM in inference (no dropout)."""
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        if not (self.training and self.dropout.p > 0):
+            fused = linear_post_op(x, self.dense, "add", residual)
+            if fused is not None:
+                return self.LayerNorm(fused)
+        return super().forward(x, residual)
+
+
+# plain module class -> its CPU fast-path subclass (the same parameters, swapped by `__class__`)
+FAST_MODULES: dict[type[nn.Module], type[nn.Module]] = {
+    ScratchBertSelfAttention: CpuSelfAttention,
+    ScratchBertIntermediate: CpuIntermediate,
+    ScratchBertAddNorm: CpuAddNorm,
+}
+
+
 def attention_call_cost(dtype: torch.dtype, device: torch.device) -> float:
     """The bucket planner's fixed cost of one attention call on this path.
 
@@ -123,11 +163,10 @@ def use_cpu_kernels(model: nn.Module, enabled: bool = True) -> nn.Module:
     holding scratchbert modules.
     """
     use_measured_kernels(model, enabled)
-    plain, fast = ScratchBertSelfAttention, CpuSelfAttention
-    old, new = (plain, fast) if enabled else (fast, plain)
+    swaps = FAST_MODULES if enabled else {fast: plain for plain, fast in FAST_MODULES.items()}
     for module in model.modules():
-        if type(module) is old:
-            module.__class__ = new
+        if type(module) in swaps:
+            module.__class__ = swaps[type(module)]
         if isinstance(module, ScratchBertModel):
             module.attention_call_cost = attention_call_cost if enabled else default_call_cost
     return model

@@ -577,3 +577,39 @@ def test_model_outputs_and_gradients_agree_on_every_cpu_profile(monkeypatch, pad
     for hidden, grad in results[1:]:
         torch.testing.assert_close(hidden, results[0][0], atol=1e-5, rtol=0)
         torch.testing.assert_close(grad, results[0][1], atol=1e-5, rtol=0)
+
+
+# ---- post-ops fused into oneDNN's GEMM (inference) --------------------------------------------
+@pytest.mark.skipif(not cpu_gemm.ONEDNN, reason="this torch has no oneDNN")
+@pytest.mark.parametrize("kernel", ["onednn", "onednn-packed"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("post_op", cpu_gemm.POST_OPS)
+def test_fused_post_op_equals_the_two_steps(monkeypatch, kernel, dtype, post_op):
+    favour(monkeypatch, kernel)
+    torch.manual_seed(0)
+    layer = nn.Linear(48, 40).to(dtype)
+    x, other = torch.randn(3, 7, 48, dtype=dtype), torch.randn(3, 7, 40, dtype=dtype)
+    with torch.no_grad():
+        fused = cpu_gemm.linear_post_op(x, layer, post_op, other if post_op == "add" else None)
+        plain = F.linear(x, layer.weight, layer.bias)
+        plain = F.gelu(plain) if post_op == "gelu" else plain + other
+    assert fused is not None and fused.shape == plain.shape and fused.dtype == dtype
+    # bf16: the fused result is rounded once, the two steps round twice (one bf16 ulp apart at most)
+    tolerance = dict(atol=1e-5, rtol=0) if dtype == torch.float32 else dict(atol=2e-2, rtol=1.6e-2)
+    torch.testing.assert_close(fused, plain, **tolerance)
+
+
+@pytest.mark.parametrize("case", ["training", "mkl chosen", "fp32 kernel for bf16", "tracing", "other's dtype", "no other"])
+def test_post_op_is_not_fused_where_it_cannot_be(monkeypatch, case):
+    favour(monkeypatch, {"mkl chosen": "mkl", "fp32 kernel for bf16": "fp32"}.get(case, "onednn"))
+    dtype = torch.bfloat16 if case == "fp32 kernel for bf16" else torch.float32
+    layer = nn.Linear(48, 40).to(dtype)
+    x, other = torch.randn(5, 48, dtype=dtype), torch.randn(5, 40, dtype=dtype)
+    if case == "tracing":
+        monkeypatch.setattr(cpu_gemm, "is_tracing", lambda: True)
+    if case == "other's dtype":
+        other = other.double()
+    with torch.set_grad_enabled(case == "training"):
+        assert cpu_gemm.linear_post_op(x, layer, "add", None if case == "no other" else other) is None
+    with pytest.raises(ValueError, match="unknown post-op 'relu'"):
+        cpu_gemm.linear_post_op(x, layer, "relu")

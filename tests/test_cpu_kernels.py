@@ -135,3 +135,23 @@ def test_the_bare_encoder_and_every_head_get_the_switch():
     assert CpuSelfAttention in module_types(model)
     plain = ScratchBertModel(ScratchBertConfig(**FIELDS, cpu_kernels=False))
     assert CpuSelfAttention not in module_types(plain) and cpu_gemm.MeasuredLinear not in module_types(plain)
+
+
+@pytest.mark.skipif(not cpu_gemm.ONEDNN, reason="this torch has no oneDNN")
+@pytest.mark.parametrize("padded", [True, False], ids=["padding-free path", "full batch"])
+def test_inference_with_fused_gelu_and_residual_equals_the_plain_model(monkeypatch, padded):
+    """In eval mode, with oneDNN chosen, every feed-forward GELU and residual add is fused: 1e-5 in fp32."""
+    monkeypatch.setenv("SCRATCHBERT_GEMM", "onednn")
+    monkeypatch.setattr(cpu_gemm, "MIN_FLOPS", 0)
+    monkeypatch.setattr(cpu_gemm, "DECISIONS", {})
+    fused_calls = []
+    real = cpu_kernels.linear_post_op
+    monkeypatch.setattr(cpu_kernels, "linear_post_op", lambda *a: fused_calls.append(a[2]) or real(*a))
+    ids, mask = small_batch(padded)
+    model = masked_lm().eval()
+    with torch.no_grad():
+        fast = model(input_ids=ids, attention_mask=mask).logits[mask.bool()]
+        layers = FIELDS["num_hidden_layers"]
+        assert sorted(fused_calls) == ["add"] * 2 * layers + ["gelu"] * layers
+        plain = model.use_cpu_kernels(False)(input_ids=ids, attention_mask=mask).logits[mask.bool()]
+    torch.testing.assert_close(fast, plain, atol=1e-5, rtol=0)
