@@ -63,6 +63,14 @@ def test_bench_runs_only_the_cases_asked_for():
         assert case not in result.stdout
 
 
+@pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="bench_fusion.py reads real text from ../shared/data")
+def test_bench_fusion_prints_every_variant():
+    result = run_script("scripts/bench_fusion.py", "--layers", "1", "--repeats", "1", "--no-compile", timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "| batch | plain | fast, unfused | fast |" in result.stdout
+    assert result.stdout.count(" ms |") >= 2 and "CPU: " in result.stdout
+
+
 def bench_module():
     """scripts/bench.py as a module (registered, as its dataclasses need)."""
     name = "scratchbert_bench_script"
