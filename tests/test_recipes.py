@@ -126,6 +126,9 @@ def test_command_line_recipe_flags(capsys):
     add_config_arguments(parser)
     config = config_from_args(parser.parse_args(["--recipe", "paper", "--no-nsp", "--mlm-probability", "0.2", "--time-budget", "1.5"]))
     assert (config.recipe, config.nsp, config.mlm_probability, config.time_budget) == ("paper", False, 0.2, 1.5)
+    # One recipe option alone changes that option, not the recipe (it once read as a save from before recipes).
+    config = config_from_args(parser.parse_args(["--mlm-probability", "0.15"]))
+    assert (config.recipe, config.nsp, config.packing, config.mlm_probability, config.learning_rate) == ("packed", False, "full-sentences", 0.15, 2e-3)
     with pytest.raises(SystemExit):
         parser.parse_args(["--recipe", "roberta"])
     assert "invalid choice: 'roberta'" in capsys.readouterr().err

@@ -346,17 +346,21 @@ class PretrainConfig(ConfigFile):
         return upgrade_saved_config(values)
 
 
-# A resolved configuration saved before recipes existed (it has `mlm_probability` but no
-# `recipe`) described MLM + NSP on sentence pairs, with neither a time budget nor a choice.
+# A resolved configuration saved before recipes existed described MLM + NSP on sentence
+# pairs, with neither a time budget nor a choice. A resolved save holds every option; these
+# are the ones added since, so a mapping that lacks only (some of) them is such a save. A
+# partial mapping (flags, a hand-written file) is in today's terms: `--mlm-probability 0.4`
+# alone keeps the default recipe.
 _BEFORE_RECIPES = {"recipe": "paper", "nsp": True, "packing": "sentence-pairs", "time_budget": None}
+_ADDED_SINCE_RECIPES = {"recipe", "nsp", "packing", "time_budget", "finetune_dropout", "adam_beta1", "adam_beta2"}
 
 
 def upgrade_saved_config(values: dict) -> dict:
     """A saved configuration in today's terms: one written before recipes gets the paper recipe's
     structure (what it trained), so its runs load, compare and resume as they were."""
-    if "recipe" in values or "mlm_probability" not in values:
-        return values
-    return {**_BEFORE_RECIPES, **values}
+    every_option = {f.name for f in dataclasses.fields(PretrainConfig)}
+    saved_before_recipes = "recipe" not in values and every_option - _ADDED_SINCE_RECIPES <= set(values)
+    return {**_BEFORE_RECIPES, **values} if saved_before_recipes else values
 
 
 def read_config_file(path: str | Path) -> dict:
