@@ -92,10 +92,16 @@ def pretrain_scratchbert(args, text_file: Path, tokenizer_dir: Path, out: Path) 
 def save_random_init(args, tokenizer, out: Path) -> None:
     from scratchbert import ScratchBertConfig, ScratchBertForMaskedLM
     from scratchbert.training.config import PretrainConfig
+    from scratchbert.training.pretrain import init_positions_sinusoidal
 
-    geometry = PretrainConfig(preset=args.preset).saved_model_kwargs()  # as (a) is saved: fine-tuning dropout
+    if args.reuse and (out / "model.safetensors").is_file():
+        return
+    config = PretrainConfig(preset=args.preset)
+    geometry = config.saved_model_kwargs()  # as (a) is saved: fine-tuning dropout
     torch.manual_seed(args.seed)
     model = ScratchBertForMaskedLM(ScratchBertConfig(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, **geometry))
+    if config.position_init == "sinusoidal":  # where (a) starts from
+        init_positions_sinusoidal(model.base_model.embeddings.position_embeddings, std=model.config.initializer_range)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
 
@@ -189,15 +195,27 @@ def held_out_mlm_accuracy(model_dir: Path, tokenizer, texts: list[str], max_seq_
     return evaluate(model, loader, Accelerator(cpu=True))["mlm_accuracy"]
 
 
+# What a fine-tuning run depends on besides its model: with --reuse, a run made with the same
+# values after the model was saved is not repeated.
+FINETUNE_ARGS = ("train_reviews", "validation_reviews", "test_reviews", "finetune_length", "epochs", "finetune_lr", "seed")
+
+
 def finetune_accuracy(args, model_dir: Path, data: dict, seed: int, out: Path) -> float:
     from scratchbert.training.finetune import finetune_text_classification
 
+    record = out / "bench_finetune.json"
+    settings = {name: getattr(args, name) for name in FINETUNE_ARGS} | {"run_seed": seed}
+    if args.reuse and record.is_file() and record.stat().st_mtime > (model_dir / "model.safetensors").stat().st_mtime:
+        saved = json.loads(record.read_text())
+        if saved["settings"] == settings:
+            return saved["accuracy"]
     results = finetune_text_classification(
         str(model_dir), str(out), train_files=[str(data["train"])], validation_files=[str(data["validation"])],
         test_files=[str(data["test"])], max_train_samples=args.train_reviews, max_length=args.finetune_length,
         truncation="head+tail", epochs=args.epochs, learning_rate=args.finetune_lr, batch_size=16,
         best_metric="accuracy", seed=seed, show_progress=False, overwrite=True,
     )  # fmt: skip
+    record.write_text(json.dumps({"settings": settings, "accuracy": results["test"]["accuracy"]}) + "\n")
     return results["test"]["accuracy"]
 
 
@@ -258,7 +276,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3, help="fine-tuning runs per row (each on another labelled subset)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--calibration-steps", type=int, default=20, help="timed steps of (d) before its run, to size its schedule")
-    parser.add_argument("--reuse", action="store_true", help="keep the tokenizer and the finished pretraining runs already in --out")
+    parser.add_argument("--reuse", action="store_true", help="keep the tokenizer, the finished pretraining runs and the fine-tuning runs (made with the same settings) already in --out")
     parser.add_argument("--skip", nargs="*", default=[], choices=["a", "b", "c", "d"], help="rows to leave out")
     parser.add_argument("--out", default="runs/bench-pretrain-budget")
     args = parser.parse_args()

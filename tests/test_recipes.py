@@ -110,6 +110,8 @@ def test_recipes_set_their_options_and_flags_win():
     paper = PretrainConfig(recipe="paper")
     assert (paper.nsp, paper.packing, paper.mlm_probability) == (True, "sentence-pairs", 0.15)
     assert (paper.hidden_dropout_prob, paper.learning_rate, paper.warmup_ratio) == (0.1, 1e-4, 0.01)
+    assert (packed.position_init, paper.position_init) == ("sinusoidal", "normal")
+    assert PretrainConfig(position_init="normal").position_init == "normal"
     assert set(RECIPES["packed"]) == set(RECIPES["paper"])
     # Anything given explicitly wins over the recipe, also 0 and False.
     custom = PretrainConfig(recipe="paper", mlm_probability=0.4, hidden_dropout_prob=0.0, nsp=False)
@@ -149,11 +151,40 @@ def test_command_line_recipe_flags(capsys):
         ({"recipe": "paper", "packing": "full-sentences"}, r"--nsp with --packing full-sentences"),
         ({"packing": "pairs"}, r"packing='pairs': choose one of full-sentences, sentence-pairs"),
         ({"mlm_probability": 1.0}, r"mlm_probability=1.0: it must be strictly between 0 and 1"),
+        ({"position_init": "rope"}, r"position_init='rope': choose one of normal, sinusoidal"),
     ],
 )
 def test_recipe_errors_are_clear(options, message):
     with pytest.raises(ValueError, match=message):
         PretrainConfig(**options)
+
+
+# --- where the position table starts ----------------------------------------------------
+
+
+def test_sinusoidal_position_init_is_the_transformers_table_at_berts_scale(topic_tokenizer):
+    """Columns 2i, 2i+1 hold sin, cos of p / 10000^(2i/H), amplitude std·√2, so a fixed rotation
+    takes every row to the next (what makes "attend one to the left" learnable from the start)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(topic_tokenizer)
+    model = pretrain_module.build_model(PretrainConfig(**TINY), tokenizer, len(tokenizer))
+    table = model.base_model.embeddings.position_embeddings.weight.detach()  # (P, H)
+    std = model.config.initializer_range
+    rows, width = table.shape
+    assert table.requires_grad is False and model.base_model.embeddings.position_embeddings.weight.requires_grad  # still learned
+    amplitude = std * 2**0.5
+    assert torch.allclose(table[0, 0::2], torch.zeros(width // 2)) and torch.allclose(table[0, 1::2], torch.full((width // 2,), amplitude))
+    assert torch.allclose(table.pow(2).mean(), torch.tensor(std**2), rtol=0.02)  # BERT's spread, on average
+    for i in range(width // 2):  # each (sin, cos) pair turns by the same angle from row to row
+        angle = 10000.0 ** (-2 * i / width)
+        turn = torch.tensor([[torch.cos(torch.tensor(angle)), -torch.sin(torch.tensor(angle))], [torch.sin(torch.tensor(angle)), torch.cos(torch.tensor(angle))]])
+        pair = table[:, [2 * i + 1, 2 * i]]  # (P, 2): (cos, sin) of p·angle
+        assert torch.allclose(pair[:-1] @ turn.T, pair[1:], atol=1e-6)
+    # The paper recipe keeps BERT's N(0, std) table: no structure from row to row.
+    paper = pretrain_module.build_model(PretrainConfig(**TINY, recipe="paper"), tokenizer, len(tokenizer))
+    noise = paper.base_model.embeddings.position_embeddings.weight.detach()
+    assert abs(float(noise.std()) - std) < 0.1 * std and not torch.allclose(noise[0, 0::2], torch.zeros(width // 2), atol=1e-3)
 
 
 # --- packed examples ---------------------------------------------------------------------
@@ -335,3 +366,15 @@ def test_a_configuration_saved_before_recipes_loads_as_what_it_trained(tmp_path)
     assert (loaded.recipe, loaded.nsp, loaded.packing, loaded.mlm_probability, loaded.learning_rate) == ("paper", True, "sentence-pairs", 0.15, 2e-3)
     assert ckpt.config_differences(old, loaded.to_dict()) == []
     assert ckpt.config_differences(old, PretrainConfig(learning_rate=2e-3, warmup_ratio=0.1).to_dict())  # the packed recipe is another run
+
+
+def test_a_run_saved_before_position_init_resumes_with_the_table_it_started_from(tmp_path):
+    """A packed run saved before `position_init` existed started from BERT's normal table: it
+    loads and resumes as that, while a new packed run starts from sinusoids."""
+    old = PretrainConfig(position_init="normal").to_dict()
+    old.pop("position_init")
+    (tmp_path / "pretrain_config.json").write_text(json.dumps(old))
+    loaded = PretrainConfig.from_file(tmp_path / "pretrain_config.json")
+    assert (loaded.recipe, loaded.position_init) == ("packed", "normal")
+    assert ckpt.config_differences(old, loaded.to_dict()) == []
+    assert ckpt.config_differences(old, PretrainConfig().to_dict()) == ["position_init: checkpoint 'normal', now 'sinusoidal'"]

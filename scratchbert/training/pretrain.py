@@ -355,7 +355,31 @@ def build_model(config: PretrainConfig, tokenizer, vocab_size: int, model_class=
         model_class, config_class = ScratchBertForPreTraining if config.nsp else ScratchBertForMaskedLM, ScratchBertConfig
     model_config = config_class(vocab_size=vocab_size, pad_token_id=tokenizer.pad_token_id, **config.model_kwargs())
     check_vocabulary(tokenizer, model_config)
-    return model_class(model_config)
+    model = model_class(model_config)
+    if config.position_init == "sinusoidal":
+        init_positions_sinusoidal(model.base_model.embeddings.position_embeddings, std=model_config.initializer_range)
+    return model
+
+
+@torch.no_grad()
+def init_positions_sinusoidal(table: torch.nn.Embedding, std: float) -> None:
+    """Start BERT's learned position table from the Transformer's sines and cosines.
+
+    Row p, columns 2i and 2i+1: sin and cos of p / 10000^(2i/H) (Vaswani et al. 2017), scaled
+    to amplitude std·√2 so each column has the spread of BERT's N(0, std) start. The table
+    stays a learned parameter under the same name; only its starting values change. At the
+    start every position is then a rotation of its neighbours (a linear map takes row p to row
+    p+k), so attention can look "one to the left" from the first steps; from N(0, std) noise
+    the model has to discover that order, and `mini` sits on a plateau until it does
+    (docs/pretraining.md).
+    """
+    rows, width = table.weight.shape
+    position = torch.arange(rows, dtype=torch.float32)[:, None]  # (P, 1)
+    frequency = torch.exp(torch.arange(0, width, 2, dtype=torch.float32) * (-math.log(10000.0) / width))  # (H/2,)
+    angles = position * frequency  # (P, H/2)
+    amplitude = std * math.sqrt(2.0)
+    table.weight[:, 0::2] = amplitude * torch.sin(angles)
+    table.weight[:, 1::2] = amplitude * torch.cos(angles[:, : width // 2])
 
 
 def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
