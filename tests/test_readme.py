@@ -83,7 +83,7 @@ def test_main_job_full_demo_learns_something(tmp_path):
     first_eval = next(r for r in records if r["type"] == "eval")
     final = records[-1]
     assert final["type"] == "final"
-    # Measured on 2 cores (packed recipe): 0.062 MLM accuracy at step 100 (the most frequent
-    # tokens), 0.184 at step 2000.
-    assert final["mlm_accuracy"] > max(0.12, first_eval["mlm_accuracy"] + 0.08)
+    # Measured on 2 cores (AMD EPYC Zen 5, packed recipe, 4,000 steps): 0.062 MLM accuracy at
+    # step 100 (the most frequent tokens), 0.410 at the end.
+    assert final["mlm_accuracy"] > max(0.3, first_eval["mlm_accuracy"] + 0.2)
     assert "leave a loop early." in result.stdout  # the fill-mask demonstration is printed

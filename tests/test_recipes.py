@@ -119,7 +119,7 @@ def test_recipes_set_their_options_and_flags_win():
     # The resolved configuration (as saved with a run) loads back as the same run.
     assert PretrainConfig.from_dict(custom.to_dict()) == custom
     # Without a time budget a run has a step count; with one it need not.
-    assert PretrainConfig().max_steps == 2000 and PretrainConfig(time_budget=5).max_steps is None
+    assert PretrainConfig().max_steps == 4000 and PretrainConfig(time_budget=5).max_steps is None
     assert PretrainConfig(time_budget=5, max_steps=10).max_steps == 10
 
 

@@ -68,11 +68,13 @@ EVAL_MLM_PROBABILITY = 0.15  # held-out MLM accuracy is always measured at BERT'
 FINAL_FILES = ("config.json", "model.safetensors", "pytorch_model.bin", "generation_config.json", LOG_FILE, CURVES_FILE)
 
 # Shown after the demo run (no --train-files / --dataset): sentences in the style of the
-# Python documentation the embedded corpus comes from, not copied from it.
+# Python documentation the embedded corpus comes from, not copied from it. That text quotes
+# keywords ('the "break" statement', as pydoc renders reST's ``break``), so these do too:
+# without the quotes the model rightly expects a quote mark after "the".
 DEMO_SENTENCES = (
-    "the [MASK] statement is used to leave a loop early.",
-    "a function is defined with the def [MASK].",
-    "if the condition is true, the [MASK] block is executed.",
+    'the "[MASK]" statement is used to leave a loop early.',
+    'the "[MASK]" statement imports a module.',
+    'the "[MASK]" clause of a loop runs when the loop ends normally.',
     "this method returns a new [MASK] object.",
 )
 
