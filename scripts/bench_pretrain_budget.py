@@ -92,16 +92,12 @@ def pretrain_scratchbert(args, text_file: Path, tokenizer_dir: Path, out: Path) 
 def save_random_init(args, tokenizer, out: Path) -> None:
     from scratchbert import ScratchBertConfig, ScratchBertForMaskedLM
     from scratchbert.training.config import PretrainConfig
-    from scratchbert.training.pretrain import init_positions_sinusoidal
 
     if args.reuse and (out / "model.safetensors").is_file():
         return
-    config = PretrainConfig(preset=args.preset)
-    geometry = config.saved_model_kwargs()  # as (a) is saved: fine-tuning dropout
+    geometry = PretrainConfig(preset=args.preset).saved_model_kwargs()  # as (a) is saved: fine-tuning dropout
     torch.manual_seed(args.seed)
     model = ScratchBertForMaskedLM(ScratchBertConfig(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, **geometry))
-    if config.position_init == "sinusoidal":  # where (a) starts from
-        init_positions_sinusoidal(model.base_model.embeddings.position_embeddings, std=model.config.initializer_range)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
 

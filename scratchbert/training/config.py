@@ -88,7 +88,7 @@ DEFAULT_RECIPE = "packed"
 # against 0.182 at the recipe's 5e-4; `mini` sat on the unigram plateau at 1e-3 and 2e-3.
 PRESET_LEARNING_RATES: dict[tuple[str, str], float] = {("packed", "tiny"): 2e-3}
 # Without --time-budget. The demo's length: `tiny` on the embedded corpus reaches held-out MLM
-# accuracy 0.41 in 4,000 steps (3 minutes on 2 cores) against 0.315 in 2,000 (docs/pretraining.md).
+# accuracy 0.40-0.41 in 4,000 steps (3 minutes on 2 cores) against 0.315 in 2,000 (docs/pretraining.md).
 DEFAULT_MAX_STEPS = 4000
 
 
@@ -366,8 +366,8 @@ class PretrainConfig(ConfigFile):
 # pairs, with neither a time budget nor a choice. A resolved save holds every option; these
 # are the ones added since, so a mapping that lacks only (some of) them is such a save. A
 # partial mapping (flags, a hand-written file) is in today's terms: `--mlm-probability 0.4`
-# alone keeps the default recipe.
-# Runs saved before `position_init` existed started from BERT's normal position table.
+# alone keeps the default recipe. Runs saved before `position_init` existed started from
+# BERT's normal position table.
 _BEFORE_RECIPES = {"recipe": "paper", "nsp": True, "packing": "sentence-pairs", "time_budget": None}
 _ADDED_SINCE_RECIPES = {"recipe", "nsp", "packing", "time_budget", "finetune_dropout", "adam_beta1", "adam_beta2", "position_init"}
 
