@@ -418,12 +418,36 @@ class LossTurnsNaN(ScratchBertForPreTraining):
 
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tiny_config, tmp_path):
     output_dir = tmp_path / "run"
+    LossTurnsNaN.calls = 0
     with pytest.raises(NonFiniteLossError, match=r"became nan at step 9.*last good checkpoint is .*step-8"):
         pretrain(tiny_config(output_dir, max_steps=12, eval_every=0, save_every=4), LossTurnsNaN, ScratchBertConfig)
     assert [step for step, _ in ckpt.list_checkpoints(output_dir)] == [4, 8]
     assert not (output_dir / "model.safetensors").exists()
     weights = torch.load(ckpt.list_checkpoints(output_dir)[-1][1] / "optimizer.bin", weights_only=False)
     assert weights  # the last good checkpoint is intact and loadable
+
+
+def test_nan_in_an_early_micro_batch_is_caught_with_one_check_per_optimizer_step(tiny_config, tmp_path, monkeypatch):
+    """The loss check reads the host once per optimizer step (not per micro-batch, a GPU sync each),
+    and a NaN in the first micro-batch of a step still stops the run before that step's update."""
+    import scratchbert.training.pretrain as pretrain_module
+
+    checks = []
+    real_check = pretrain_module._stop_if_not_finite
+    monkeypatch.setattr(pretrain_module, "_stop_if_not_finite", lambda *a: (checks.append(a[3]), real_check(*a)))
+
+    class OneNaN(LossTurnsNaN):  # only the 9th forward pass: the first micro-batch of step 5 with accumulation 2
+        def forward(self, **kwargs):
+            output = super().forward(**kwargs)
+            if type(self).calls > 9:
+                output.loss = output.loss.nan_to_num()
+            return output
+
+    OneNaN.calls = 0
+    with pytest.raises(NonFiniteLossError, match=r"became nan or inf at step 5"):
+        pretrain(tiny_config(tmp_path / "run", max_steps=12, eval_every=0, save_every=0, gradient_accumulation_steps=2),
+                 OneNaN, ScratchBertConfig)
+    assert checks == [0, 1, 2, 3, 4]
 
 
 def test_command_line_reports_errors_in_one_line(tmp_path, capsys):

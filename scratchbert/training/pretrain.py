@@ -690,7 +690,8 @@ def train(run: Run, timer=time.perf_counter) -> RunLog:
     _announce(run, log)
     clock = TrainingClock(position.training_seconds, timer)
     progress = _progress_bar(config, accelerator, position.step, position.training_seconds)
-    window = {"loss": torch.zeros((), device=accelerator.device), "batches": 0, "tokens": 0, "start": time.perf_counter()}
+    window = {"loss": torch.zeros((), device=accelerator.device), "batches": 0, "tokens": 0, "start": time.perf_counter(),
+              "finite": torch.ones((), dtype=torch.bool, device=accelerator.device)}
     run.model.train()
     clock.start()
     try:
@@ -704,7 +705,9 @@ def train(run: Run, timer=time.perf_counter) -> RunLog:
                 position.batches_in_epoch += 1
                 with accelerator.accumulate(run.model):
                     loss = run.model(**batch).loss
-                    _stop_if_not_finite(accelerator, loss, position.step, run.last_saved, config)
+                    window["finite"] &= torch.isfinite(loss.detach()).all()  # on the device: no sync per micro-batch
+                    if accelerator.sync_gradients:  # once per optimizer step, before the weights change
+                        _stop_if_not_finite(accelerator, window, loss, position.step, run.last_saved, config)
                     accelerator.backward(loss)
                     if accelerator.sync_gradients and config.max_grad_norm > 0:
                         accelerator.clip_grad_norm_(run.model.parameters(), config.max_grad_norm)
@@ -885,10 +888,16 @@ def _train_record(accelerator: Accelerator, window: dict, step: int, epoch: int,
     }  # fmt: skip
 
 
-def _stop_if_not_finite(accelerator: Accelerator, loss: torch.Tensor, step: int, last_saved, config) -> None:
-    """Stop before a NaN/inf loss reaches the weights; every process agrees through the reduce."""
-    worst = accelerator.reduce(loss.detach().float().reshape(1), reduction="sum")
-    if torch.isfinite(worst).all():
+def _stop_if_not_finite(accelerator: Accelerator, window: dict, loss: torch.Tensor, step: int, last_saved, config) -> None:
+    """Stop before a NaN/inf loss reaches the weights; every process agrees through the reduce.
+
+    Called once per optimizer step: `window["finite"]` gathered the micro-batches' verdicts on the
+    device, so this is the step's one host read (and, with several processes, its one all-reduce).
+    """
+    finite = window["finite"]
+    if accelerator.num_processes > 1:
+        finite = accelerator.reduce(finite.to(torch.int32), reduction="sum") == accelerator.num_processes
+    if bool(finite):
         return
     kept = (
         f"the last good checkpoint is {last_saved} (resume from it with --resume"
@@ -896,7 +905,7 @@ def _stop_if_not_finite(accelerator: Accelerator, loss: torch.Tensor, step: int,
         else "no checkpoint had been written yet (start again"
     )
     raise NonFiniteLossError(
-        f"the training loss became {loss.item()} at step {step + 1}; training stopped and nothing was saved "
+        f"the training loss became {loss.item() if not torch.isfinite(loss).all() else 'nan or inf'} at step {step + 1}; training stopped and nothing was saved "
         f"after it. {kept} after lowering --learning-rate (now {config.learning_rate:g})"
         + (", or using --mixed-precision bf16 instead of fp16" if config.mixed_precision == "fp16" else "")
         + ")."
