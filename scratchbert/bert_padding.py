@@ -183,8 +183,7 @@ def pack_sequences(
     attention_mask: torch.Tensor,
     config,
     make_key_mask: Callable[[torch.Tensor], torch.Tensor],
-    call_cost: float | None = None,
-    dtype: torch.dtype = torch.float32,
+    call_cost: float,
 ) -> PackedSequences:
     """Plan the packed layout of a padded batch, once per forward pass; every layer reuses it.
 
@@ -193,8 +192,8 @@ def pack_sequences(
     config: the model's config (hidden and intermediate sizes weigh linear work vs attention).
     make_key_mask: turns a (n, L) keep-mask into the (n, 1, 1, L) additive bias the attention
         function expects (the model's own mask builder, so masks are made one way everywhere).
-    call_cost: the fixed cost of an attention call for `plan_buckets` (default: `default_call_cost`
-        of `dtype`, the dtype the layers compute in).
+    call_cost: the fixed cost of an attention call for `plan_buckets` (the caller's
+        `default_call_cost` of the dtype its layers compute in).
     Returns a `PackedSequences` (see its fields). One host sync reads the sequence lengths.
     Eager only: under a tracer (`is_tracing`) the plan would be frozen into the graph.
     """
@@ -214,7 +213,6 @@ def pack_sequences(
     where[keep.nonzero(as_tuple=True)[0], ranks[keep]] = positions[keep]
 
     buckets, sources, valids, offset = [], [], [], 0
-    call_cost = default_call_cost(dtype, device) if call_cost is None else call_cost
     for members in plan_buckets(lengths, linear_cost_per_token(config), call_cost):
         length = lengths[members[0]]  # longest first
         index = torch.tensor(members, device=device)

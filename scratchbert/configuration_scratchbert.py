@@ -10,6 +10,8 @@ from __future__ import annotations
 from transformers import PretrainedConfig
 from transformers.activations import ACT2FN
 
+from .errors import ScratchBertError
+
 
 # Which scratchbert class each transformers Auto class builds. `import scratchbert` registers
 # these, and every saved config carries them as `auto_map` (with the code files beside the
@@ -96,11 +98,11 @@ class ScratchBertConfig(PretrainedConfig):
         for key in ("use_cache", "position_embedding_type", "is_decoder", "add_cross_attention"):
             value = kwargs.pop(key, None)
             if key == "is_decoder" and value:
-                raise ValueError("is_decoder=True: scratchbert implements the BERT encoder only; use transformers' BertLMHeadModel for a decoder.")
+                raise ScratchBertError("is_decoder=True: scratchbert implements the BERT encoder only; use transformers' BertLMHeadModel for a decoder.")
             if key == "add_cross_attention" and value:
-                raise ValueError("add_cross_attention=True: scratchbert has no cross-attention (BERT is an encoder).")
+                raise ScratchBertError("add_cross_attention=True: scratchbert has no cross-attention (BERT is an encoder).")
             if key == "position_embedding_type" and value not in (None, "absolute"):
-                raise ValueError(f"position_embedding_type={value!r}: scratchbert implements BERT's absolute positions only.")
+                raise ScratchBertError(f"position_embedding_type={value!r}: scratchbert implements BERT's absolute positions only.")
         kwargs.setdefault("auto_map", dict(AUTO_MAP))
         # The MLM decoder shares the word-embedding matrix, as in BERT.
         super().__init__(pad_token_id=pad_token_id, tie_word_embeddings=tie_word_embeddings, **kwargs)
@@ -132,9 +134,9 @@ class ScratchBertConfig(PretrainedConfig):
         ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"{name}={value!r}: it must be a positive integer.")
+                raise ScratchBertError(f"{name}={value!r}: it must be a positive integer.")
         if self.hidden_size % self.num_attention_heads != 0:
-            raise ValueError(
+            raise ScratchBertError(
                 f"hidden_size={self.hidden_size} is not divisible by num_attention_heads="
                 f"{self.num_attention_heads}: each head gets hidden_size / num_attention_heads "
                 "dimensions, so choose a head count that divides the hidden size (e.g. "
@@ -143,14 +145,14 @@ class ScratchBertConfig(PretrainedConfig):
         for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
             value = getattr(self, name)
             if not 0.0 <= float(value) < 1.0:
-                raise ValueError(f"{name}={value!r}: a dropout probability must be in [0, 1).")
+                raise ScratchBertError(f"{name}={value!r}: a dropout probability must be in [0, 1).")
         if self.classifier_dropout is not None and not 0.0 <= float(self.classifier_dropout) < 1.0:
-            raise ValueError(f"classifier_dropout={self.classifier_dropout!r}: it must be in [0, 1) or None.")
+            raise ScratchBertError(f"classifier_dropout={self.classifier_dropout!r}: it must be in [0, 1) or None.")
         if self.hidden_act not in ACT2FN:
             known = ", ".join(sorted(k for k in ACT2FN if k.startswith(("gelu", "relu", "silu", "tanh"))))
-            raise ValueError(f"hidden_act={self.hidden_act!r} is not a known activation; use one of: {known}.")
+            raise ScratchBertError(f"hidden_act={self.hidden_act!r} is not a known activation; use one of: {known}.")
         if self.pad_token_id is not None and not 0 <= self.pad_token_id < self.vocab_size:
-            raise ValueError(
+            raise ScratchBertError(
                 f"pad_token_id={self.pad_token_id} is outside the vocabulary (vocab_size={self.vocab_size})."
             )
 

@@ -1,10 +1,16 @@
-"""The errors scratchbert reports to its users.
+"""The errors scratchbert reports to its users, and the policy that decides which they are.
 
-Every error a user can fix (a bad option, a missing or corrupt file, data that does not
-fit the model) is a `ScratchBertError`: its message is one line that names the problem
-and the fix. The command line prints it as that one line and exits non-zero; library
-callers can catch it (it is a `ValueError`, so code written against the plain exceptions
-keeps working).
+The policy:
+
+- Every error a user can fix (a bad option, a missing or corrupt file, data that does not fit
+  the model) is a `ScratchBertError`: its message is one line that names the problem and the
+  fix. It is a `ValueError` (and `MissingFileError` also a `FileNotFoundError`), so code
+  written against the plain exceptions keeps catching it.
+- Anything else (a plain `ValueError`, `TypeError`, ...) is a programming error: a bug in
+  scratchbert or in the code calling it.
+- The command line prints a `ScratchBertError` as one line and exits with status 2; every
+  other exception keeps its traceback. `SCRATCHBERT_DEBUG=1` (or `scratchbert --debug`) shows
+  the traceback of a user's error too.
 """
 
 from __future__ import annotations
@@ -12,6 +18,10 @@ from __future__ import annotations
 
 class ScratchBertError(ValueError):
     """A problem the user can fix; the message says what it is and how."""
+
+
+class MissingFileError(ScratchBertError, FileNotFoundError):
+    """A file or folder the user named does not exist (or is not what it must be)."""
 
 
 class CorruptCheckpointError(ScratchBertError):
@@ -30,4 +40,4 @@ def corrupt_weights(path, reason: str) -> CorruptCheckpointError:
     )
 
 
-__all__ = ["ScratchBertError", "CorruptCheckpointError", "NonFiniteLossError", "corrupt_weights"]
+__all__ = ["ScratchBertError", "MissingFileError", "CorruptCheckpointError", "NonFiniteLossError", "corrupt_weights"]

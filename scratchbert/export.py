@@ -31,13 +31,11 @@ def export_to_transformers_bert(checkpoint_dir: str | Path, out_dir: str | Path)
     Returns the output directory.
     """
     src, out = Path(checkpoint_dir), Path(out_dir)
-    if not (src / "config.json").is_file():
-        raise FileNotFoundError(f"{src} holds no config.json: pass the directory a scratchbert model was saved to.")
     names = check_weights(src)  # every weight file reads whole, or one line says which does not
     weights = weight_files(src)
     weights += [src / index for index in (SAFETENSORS_INDEX, BIN_INDEX) if (src / index).is_file()]
     if out.resolve() == src.resolve():
-        raise ValueError("The export directory must differ from the checkpoint directory.")
+        raise ScratchBertError("The export directory must differ from the checkpoint directory.")
 
     config = ScratchBertConfig.from_pretrained(src)
     fields = {k: v for k, v in config.to_dict().items() if k not in _SCRATCHBERT_ONLY_KEYS}

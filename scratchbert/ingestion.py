@@ -37,7 +37,7 @@ import re
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
-from scratchbert.errors import ScratchBertError
+from scratchbert.errors import MissingFileError, ScratchBertError
 
 # A compression suffix is looked through to find the format: reviews.jsonl.gz is JSON lines.
 COMPRESSIONS = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
@@ -72,17 +72,17 @@ def expand_files(patterns: str | os.PathLike | Sequence[str | os.PathLike], what
         if glob.has_magic(pattern):
             matches = sorted(p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p))
             if not matches:
-                raise FileNotFoundError(f"no {what} matches the glob {pattern!r}")
+                raise MissingFileError(f"no {what} matches the glob {pattern!r}")
             files.extend(matches)
         elif os.path.isfile(pattern):
             files.append(pattern)
         elif os.path.isdir(pattern):
-            raise FileNotFoundError(
+            raise MissingFileError(
                 f"{pattern!r} is a folder, not a {what} (nor a saved `datasets` dataset); pass its files with a glob, "
                 f"e.g. {os.path.join(pattern, '*.txt')!r}"
             )
         else:
-            raise FileNotFoundError(f"no such {what}: {pattern}")
+            raise MissingFileError(f"no such {what}: {pattern}")
     return files
 
 
@@ -224,7 +224,7 @@ def default_corpus_documents() -> list[str]:
     try:
         from pydoc_data.topics import topics
     except ImportError:
-        raise FileNotFoundError(
+        raise MissingFileError(
             "this Python install lacks pydoc_data (some minimal distributions strip it), which holds the "
             "default corpus; pass your own text files instead (load_documents('corpus/*.txt'))"
         ) from None
@@ -312,8 +312,10 @@ def _load_text_files(files: list[str], one_document_per_file: bool, encoding: st
             fingerprint=Hasher.hash([signature, one_document_per_file, encoding]),
         )
     except DatasetGenerationError as err:
-        if isinstance(err.__cause__, (ValueError, OSError)):
+        if isinstance(err.__cause__, ScratchBertError):
             raise err.__cause__ from None  # our own message, not the generic wrapper
+        if isinstance(err.__cause__, OSError):
+            raise DataError(f"could not read {_describe(files)}: {err.__cause__}") from None
         raise
 
 
@@ -390,7 +392,7 @@ def _load_hub(name: str, config_name: str | None, split: str | None, streaming: 
         return datasets.load_dataset(name, config_name, split=split, streaming=streaming, cache_dir=cache_dir)
     except Exception as err:  # offline, unknown name, missing config: all reach the user as one message
         first_line = str(err).splitlines()[0] if str(err) else ""
-        raise FileNotFoundError(
+        raise MissingFileError(
             f"{name!r} is not an existing file, glob or saved dataset folder, and loading it as a `datasets` name "
             f"failed ({type(err).__name__}: {first_line}); without network access, pass local files"
         ) from None

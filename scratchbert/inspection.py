@@ -27,9 +27,10 @@ from matplotlib.figure import Figure
 from transformers import PreTrainedModel
 from transformers.utils import logging as hf_logging
 
+from scratchbert.errors import MissingFileError, ScratchBertError
 from scratchbert.modeling_scratchbert import ScratchBertForMaskedLM, ScratchBertModel
 from scratchbert.tokenization import MASK_TOKEN, load_tokenizer
-from scratchbert.weights import check_weights
+from scratchbert.weights import check_weights, model_folder
 
 DEFAULT_TOP_K = 5
 # Heatmap sizing: a panel grows with the number of tokens so their labels stay legible,
@@ -60,11 +61,7 @@ def _quiet_transformers() -> Iterator[None]:
 
 
 def _check_model_dir(model_dir: str | Path) -> Path:
-    model_dir = Path(model_dir)
-    if not model_dir.is_dir():
-        raise FileNotFoundError(f"no such model folder: {model_dir} (pass the folder a model was saved to with save_pretrained)")
-    if not (model_dir / "config.json").is_file():
-        raise FileNotFoundError(f"{model_dir} has no config.json: it is not a saved model folder (see save_pretrained).")
+    model_dir = model_folder(model_dir)
     check_weights(model_dir)  # a truncated or corrupt weight file: one line, before transformers reads it
     return model_dir
 
@@ -80,7 +77,7 @@ def load_masked_lm(model_dir: str | Path) -> tuple[ScratchBertForMaskedLM, objec
         model, info = ScratchBertForMaskedLM.from_pretrained(model_dir, output_loading_info=True)
     untrained = sorted(key for key in info["missing_keys"] if not key.startswith("cls.predictions.decoder"))
     if untrained:
-        raise ValueError(
+        raise ScratchBertError(
             f"{model_dir} has no trained masked-language-model head (missing {', '.join(untrained[:3])}"
             f"{', ...' if len(untrained) > 3 else ''}): fill-mask needs a checkpoint pretrained with MLM, "
             "e.g. one saved by `scratchbert pretrain`."
@@ -96,7 +93,7 @@ def load_encoder(model_dir: str | Path) -> tuple[ScratchBertModel, object]:
     # The pooler plays no part in attention, and MLM-only checkpoints do not have one.
     missing = sorted(key for key in info["missing_keys"] if not key.startswith("pooler."))
     if missing:
-        raise ValueError(
+        raise ScratchBertError(
             f"{model_dir} is not a complete BERT checkpoint: its weights lack {', '.join(missing[:3])}"
             f"{', ...' if len(missing) > 3 else ''}."
         )
@@ -117,16 +114,16 @@ def fill_mask(model: PreTrainedModel, tokenizer, text: str, top_k: int = DEFAULT
     the `top_k` (token, probability) pairs, most probable first.
     """
     if not isinstance(top_k, int) or top_k < 1:
-        raise ValueError(f"top_k={top_k!r}: ask for at least 1 prediction.")
+        raise ScratchBertError(f"top_k={top_k!r}: ask for at least 1 prediction.")
     if tokenizer.mask_token_id is None:
-        raise ValueError("this tokenizer has no mask token, so there is nothing to fill in; use the checkpoint's BERT tokenizer.")
+        raise ScratchBertError("this tokenizer has no mask token, so there is nothing to fill in; use the checkpoint's BERT tokenizer.")
     max_length = model.config.max_position_embeddings
     encoding = tokenizer(text, truncation=True, max_length=max_length, return_tensors="pt")
     input_ids = encoding["input_ids"]  # (1, S)
     positions = (input_ids[0] == tokenizer.mask_token_id).nonzero().flatten()  # indices of [MASK]
     if len(positions) == 0:
         where = f" within the first {max_length} tokens" if MASK_TOKEN in text else ""
-        raise ValueError(f"no {MASK_TOKEN} in the text{where}: write {MASK_TOKEN} where a word should be predicted.")
+        raise ScratchBertError(f"no {MASK_TOKEN} in the text{where}: write {MASK_TOKEN} where a word should be predicted.")
     device = next(model.parameters()).device
     logits = model(**{name: tensor.to(device) for name, tensor in encoding.items()}).logits  # (1, S, V)
     probs = logits[0, positions].float().softmax(dim=-1)  # (masks, V)
@@ -152,7 +149,7 @@ def attention_weights(model: ScratchBertModel, tokenizer, text: str, layer: int 
     """
     num_layers = model.config.num_hidden_layers
     if not isinstance(layer, int) or not -num_layers <= layer < num_layers:
-        raise ValueError(
+        raise ScratchBertError(
             f"layer {layer!r} does not exist: this model has {num_layers} layers, numbered 0 to {num_layers - 1} "
             "(or -1 for the last)."
         )
@@ -204,6 +201,6 @@ def save_figure(figure: Figure, out: str | Path) -> Path:
     """Write `figure` to `out` (format from the suffix, e.g. .png); the folder must exist."""
     out = Path(out)
     if not out.parent.is_dir():
-        raise FileNotFoundError(f"cannot write {out}: the folder {out.parent} does not exist; create it first.")
+        raise MissingFileError(f"cannot write {out}: the folder {out.parent} does not exist; create it first.")
     figure.savefig(out, dpi=FIGURE_DPI)
     return out

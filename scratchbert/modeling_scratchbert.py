@@ -25,14 +25,11 @@ model exactly as written here: for reading, stepping through, and exact parity.
 
 from __future__ import annotations
 
-import os
-import pickle
 from dataclasses import dataclass
 from typing import TypedDict
 
 import torch
 import torch.nn.functional as F
-from safetensors import SafetensorError
 from torch import nn
 from transformers import PreTrainedModel
 from transformers import initialization as init
@@ -60,7 +57,7 @@ from .bert_padding import (
     unpad,
 )
 from .configuration_scratchbert import ScratchBertConfig
-from .errors import corrupt_weights
+from .weights import loading_errors
 
 IGNORE_INDEX = -100  # label value that contributes no loss, everywhere in scratchbert
 
@@ -448,14 +445,6 @@ def sequence_classification_loss(logits: torch.Tensor, labels: torch.Tensor, con
 # ---------------------------------------------------------------------------------------------
 # 11. The Hugging Face base class: configuration, weight initialisation, loading rules.
 # ---------------------------------------------------------------------------------------------
-def _weights_file(checkpoint: str) -> str:
-    """The weights file of a local checkpoint directory, to name in an error (else the directory)."""
-    for name in ("model.safetensors", "pytorch_model.bin"):
-        if os.path.isfile(os.path.join(checkpoint, name)):
-            return os.path.join(checkpoint, name)
-    return checkpoint
-
-
 class ScratchBertPreTrainedModel(PreTrainedModel):
     """Shared plumbing of every scratchbert model: `from_pretrained`, `save_pretrained`, initialisation.
 
@@ -478,20 +467,8 @@ class ScratchBertPreTrainedModel(PreTrainedModel):
         Weights load from safetensors when present, else from `.bin` through
         `torch.load(weights_only=True)`: a pickle holding anything but tensors is refused.
         """
-        path = str(pretrained_model_name_or_path)
-        if path.startswith((os.sep, ".", "~")) and not os.path.isdir(os.path.expanduser(path)):
-            raise FileNotFoundError(f"No checkpoint directory at {path}: pass a directory written by save_pretrained.")
-        try:
+        with loading_errors(pretrained_model_name_or_path):  # one-line errors: scratchbert.weights
             return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
-        except pickle.UnpicklingError as err:
-            raise ValueError(
-                f"Refused to load {path}: its .bin weights hold Python objects other than tensors, and scratchbert "
-                f"only unpickles tensors (torch.load(weights_only=True)). Re-save it as safetensors. ({err.__class__.__name__})"
-            ) from None
-        except (SafetensorError, RuntimeError, EOFError) as err:
-            if isinstance(err, RuntimeError) and "PytorchStreamReader" not in str(err):
-                raise  # not a damaged file: e.g. a shape mismatch, whose own message is clear
-            raise corrupt_weights(_weights_file(path), f"{err.__class__.__name__}: {err}") from None
 
     def post_init(self) -> None:
         """transformers' end-of-`__init__` step (initialisation, tying), then the CPU fast path if configured."""

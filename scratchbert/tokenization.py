@@ -52,6 +52,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast
 from transformers.tokenization_utils_base import BatchEncoding, PaddingStrategy, TruncationStrategy
 
 from scratchbert.configuration_scratchbert import ScratchBertConfig
+from scratchbert.errors import MissingFileError, ScratchBertError
 from scratchbert.ingestion import read_lines, text_batches
 from scratchbert.wordpiece_trainer import train_wordpiece_vocab
 
@@ -152,7 +153,7 @@ def add_bert_template(tokenizer: Tokenizer) -> None:
     ids = {token: tokenizer.token_to_id(token) for token in SPECIAL_TOKENS}
     missing = [token for token, index in ids.items() if index is None]
     if missing:
-        raise ValueError(
+        raise ScratchBertError(
             f"the vocabulary has no {', '.join(missing)}: BERT needs the special tokens "
             f"{' '.join(SPECIAL_TOKENS)}; add them as lines of vocab.txt."
         )
@@ -207,7 +208,7 @@ class ScratchBertTokenizer(PreTrainedTokenizerFast):
         vocab = self._tokenizer.get_vocab(with_added_tokens=False)
         tokens = sorted(vocab, key=vocab.get)
         if [vocab[token] for token in tokens] != list(range(len(tokens))):
-            raise ValueError("the WordPiece ids are not 0..N-1, so they cannot be written as vocab.txt lines.")
+            raise ScratchBertError("the WordPiece ids are not 0..N-1, so they cannot be written as vocab.txt lines.")
         name = (filename_prefix + "-" if filename_prefix else "") + self.vocab_files_names["vocab_file"]
         path = os.path.join(save_directory, name)
         with open(path, "w", encoding="utf-8") as file:
@@ -391,7 +392,7 @@ def wrap_tokenizer(
     transformers' `BertTokenizer`, load the folder with the same casing.
     """
     if not isinstance(model_max_length, int) or model_max_length <= 0:
-        raise ValueError(f"model_max_length={model_max_length!r}: it must be a positive integer (the model's max_position_embeddings).")
+        raise ScratchBertError(f"model_max_length={model_max_length!r}: it must be a positive integer (the model's max_position_embeddings).")
     add_bert_template(tokenizer)
     return ScratchBertTokenizer(
         tokenizer_object=tokenizer,
@@ -448,9 +449,9 @@ def train_tokenizer(
     the special tokens (and, when deterministic, every character of the corpus).
     """
     if not isinstance(vocab_size, int) or vocab_size <= len(SPECIAL_TOKENS):
-        raise ValueError(f"vocab_size={vocab_size!r}: it must be an integer above {len(SPECIAL_TOKENS)} (the special tokens).")
+        raise ScratchBertError(f"vocab_size={vocab_size!r}: it must be an integer above {len(SPECIAL_TOKENS)} (the special tokens).")
     if not isinstance(min_frequency, int) or min_frequency < 0:
-        raise ValueError(f"min_frequency={min_frequency!r}: it must be a non-negative integer.")
+        raise ScratchBertError(f"min_frequency={min_frequency!r}: it must be a non-negative integer.")
     options = dict(lowercase=lowercase, strip_accents=strip_accents, handle_chinese_chars=handle_chinese_chars, clean_text=clean_text)
     tokenizer = wordpiece_pipeline(None, **options)
     if deterministic:
@@ -496,7 +497,7 @@ def _train_with_tokenizers(tokenizer: Tokenizer, texts, vocab_size: int, min_fre
 
     tokenizer.train_from_iterator(counted_batches(), trainer=trainer)
     if seen["non_blank"] == 0:
-        raise ValueError(
+        raise ScratchBertError(
             f"the training corpus is empty ({seen['texts']} texts, none with any non-space character): "
             "pass files or strings that contain text."
         )
@@ -516,18 +517,18 @@ def tokenizer_from_vocab(
     """
     vocab_file = Path(vocab_file)
     if not vocab_file.is_file():
-        raise FileNotFoundError(f"no such vocabulary file: {vocab_file}")
+        raise MissingFileError(f"no such vocabulary file: {vocab_file}")
     vocab: dict[str, int] = {}
     for index, line in enumerate(read_lines([vocab_file])):
         token = line.rstrip("\n")  # only the newline ends a token, as in BERT's loader
         if token in vocab:
-            raise ValueError(
+            raise ScratchBertError(
                 f"{vocab_file} lists {token!r} twice (lines {vocab[token] + 1} and {index + 1}); "
                 "a vocab.txt holds each token once, its line number being its id."
             )
         vocab[token] = index
     if not vocab:
-        raise ValueError(f"{vocab_file} is empty: a vocab.txt lists one token per line.")
+        raise ScratchBertError(f"{vocab_file} is empty: a vocab.txt lists one token per line.")
     tokenizer = wordpiece_pipeline(
         vocab, lowercase=lowercase, strip_accents=strip_accents, handle_chinese_chars=handle_chinese_chars, clean_text=clean_text
     )
@@ -620,18 +621,18 @@ def load_tokenizer(path: str | os.PathLike, max_length: int = 512):
     if path.is_file() and path.suffix == ".txt":
         return tokenizer_from_vocab(path, lowercase=not _vocab_is_cased(path), model_max_length=max_length)
     if not path.is_dir():
-        raise FileNotFoundError(f"no such tokenizer folder: {path} (pass a folder saved by save_pretrained, or a vocab.txt)")
+        raise MissingFileError(f"no such tokenizer folder: {path} (pass a folder saved by save_pretrained, or a vocab.txt)")
     if (path / "tokenizer.json").is_file() or (path / "tokenizer_config.json").is_file():
         try:
             return AutoTokenizer.from_pretrained(path)
         except (OSError, ValueError, KeyError) as err:
-            raise ValueError(
+            raise ScratchBertError(
                 f"could not load the tokenizer in {path} ({str(err).splitlines()[0]}); save it again with "
                 "tokenizer.save_pretrained, or pass another folder (e.g. one written by `scratchbert train-tokenizer`)."
             ) from None
     if (path / "vocab.txt").is_file():
         return load_tokenizer(path / "vocab.txt", max_length)
-    raise FileNotFoundError(
+    raise MissingFileError(
         f"{path} has no tokenizer (no tokenizer.json, tokenizer_config.json or vocab.txt): "
         "save it next to the model with tokenizer.save_pretrained(folder)."
     )

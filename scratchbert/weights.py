@@ -1,28 +1,62 @@
-"""Finding and checking a saved model's weight files, before anything loads them.
+"""What is in a saved model folder, and the one-line errors for what is wrong with one.
+
+A folder written by `save_pretrained` holds `config.json` and the weights: `model.safetensors`
+or `pytorch_model.bin`, or shards named by an index (`*.index.json`). This module is the one
+place that knows that layout:
+
+- `model_folder` / `read_model_config`: the folder and its config.json, or a `MissingFileError`;
+- `weight_files`, `tensor_names`, `tensor_shape`, `check_weights`: the weights, read from the
+  file headers only (safetensors headers; a `.bin` mapped from disk with
+  `torch.load(weights_only=True)`), or a `CorruptCheckpointError`;
+- `loading_errors`: around `from_pretrained`, the same one-line errors for what transformers
+  and torch raise on a damaged file.
 
 Every command that reads a checkpoint (finetune, fill-mask, attention-map, export-bert,
 export-onnx) calls `check_weights` first, so a truncated or half-copied file gives the same
 one-line error everywhere instead of a traceback from deep inside safetensors or torch.
-
-Reading is safe: safetensors headers, and `torch.load(weights_only=True)` for a `.bin`.
+The modeling file imports this module, so it imports scratchbert only relatively (the files
+travel together as remote code).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import pickle
 from pathlib import Path
 
-from scratchbert.errors import ScratchBertError, corrupt_weights
+from .errors import MissingFileError, ScratchBertError, corrupt_weights
 
+CONFIG_FILE = "config.json"
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")  # the unsharded forms, preferred first
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 BIN_INDEX = "pytorch_model.bin.index.json"
+SAVE_HINT = "pass the folder a model was saved to with save_pretrained"
+
+
+def model_folder(model_dir: str | Path) -> Path:
+    """`model_dir` as a saved model's folder: it exists and holds a config.json."""
+    folder = Path(model_dir)
+    if not folder.is_dir():
+        raise MissingFileError(f"no such model folder: {folder}; {SAVE_HINT}.")
+    if not (folder / CONFIG_FILE).is_file():
+        raise MissingFileError(f"no model in {folder}: it has no config.json; {SAVE_HINT}.")
+    return folder
+
+
+def read_model_config(model_dir: str | Path) -> dict:
+    """The saved model's config.json, as a mapping."""
+    path = model_folder(model_dir) / CONFIG_FILE
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise ScratchBertError(f"{path} is damaged ({err}); save the model again.") from None
 
 
 def weight_files(model_dir: str | Path) -> list[Path]:
     """The weight files of a saved model: one file, or every shard its index names."""
-    folder = Path(model_dir)
-    if not (folder / "config.json").is_file():
-        raise FileNotFoundError(f"no model in {folder}: expected a folder with config.json and the model weights.")
+    folder = model_folder(model_dir)
     for index_name in (SAFETENSORS_INDEX, BIN_INDEX):
         index = folder / index_name
         if index.is_file():
@@ -34,14 +68,14 @@ def weight_files(model_dir: str | Path) -> list[Path]:
             if missing:
                 raise corrupt_weights(index, f"shard {missing[0]} is missing")
             return [folder / name for name in shards]
-    for name in ("model.safetensors", "pytorch_model.bin"):
+    for name in WEIGHT_FILES:
         if (folder / name).is_file():
             return [folder / name]
     raise ScratchBertError(f"{folder} has a config.json but no weights (model.safetensors or pytorch_model.bin): save the model again.")
 
 
-def tensor_names(path: str | Path) -> list[str]:
-    """The tensor names in one weight file; raises the corrupt-weights error if it cannot be read whole.
+def tensor_shapes(path: str | Path) -> dict[str, tuple[int, ...]]:
+    """The name and shape of every tensor in one weight file; the corrupt-weights error if it cannot be read whole.
 
     A safetensors header records every tensor's byte range, so reading it also proves the
     file is complete (a cut file fails with "incomplete metadata"). A `.bin` is a zip whose
@@ -53,19 +87,34 @@ def tensor_names(path: str | Path) -> list[str]:
             from safetensors import safe_open
 
             with safe_open(str(path), framework="pt") as weights:
-                return list(weights.keys())
+                return {name: tuple(weights.get_slice(name).get_shape()) for name in weights.keys()}
         import torch
 
         try:  # mapped from disk: the tensors are not read
-            return list(torch.load(path, map_location="cpu", weights_only=True, mmap=True).keys())
+            state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
         except RuntimeError as err:
             if "mmap can only be used" not in str(err):
                 raise
             # The legacy (pre-zip) format cannot be mapped: read it whole, as from_pretrained will.
-            return list(torch.load(path, map_location="cpu", weights_only=True).keys())
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        return {name: tuple(tensor.shape) for name, tensor in state.items()}
     except Exception as err:  # safetensors, zip and unpickling errors have no common base class
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise corrupt_weights(path, reason) from None
+
+
+def tensor_names(path: str | Path) -> list[str]:
+    """The tensor names in one weight file (see `tensor_shapes`)."""
+    return list(tensor_shapes(path))
+
+
+def tensor_shape(model_dir: str | Path, name: str) -> tuple[int, ...] | None:
+    """The shape of the saved model's tensor `name`, or None if it has none of that name."""
+    for path in weight_files(model_dir):
+        shapes = tensor_shapes(path)
+        if name in shapes:
+            return shapes[name]
+    return None
 
 
 def check_weights(model_dir: str | Path) -> list[str]:
@@ -73,4 +122,48 @@ def check_weights(model_dir: str | Path) -> list[str]:
     return [name for path in weight_files(model_dir) for name in tensor_names(path)]
 
 
-__all__ = ["weight_files", "tensor_names", "check_weights"]
+def _named_weights(checkpoint: str) -> str:
+    """The weights file of a local checkpoint folder, to name in an error (else the folder)."""
+    for name in WEIGHT_FILES:
+        if os.path.isfile(os.path.join(checkpoint, name)):
+            return os.path.join(checkpoint, name)
+    return checkpoint
+
+
+@contextlib.contextmanager
+def loading_errors(pretrained_model_name_or_path):
+    """Around `PreTrainedModel.from_pretrained`: a missing local folder, a `.bin` holding more than
+    tensors, and a damaged weights file become one-line `ScratchBertError`s.
+
+    Other errors keep their own message (e.g. a shape mismatch, which says what to do).
+    """
+    from safetensors import SafetensorError
+
+    path = str(pretrained_model_name_or_path)
+    if path.startswith((os.sep, ".", "~")) and not os.path.isdir(os.path.expanduser(path)):
+        raise MissingFileError(f"no such model folder: {path}; {SAVE_HINT}.")
+    try:
+        yield
+    except pickle.UnpicklingError as err:
+        raise ScratchBertError(
+            f"Refused to load {path}: its .bin weights hold Python objects other than tensors, and scratchbert "
+            f"only unpickles tensors (torch.load(weights_only=True)). Re-save it as safetensors. ({err.__class__.__name__})"
+        ) from None
+    except (SafetensorError, RuntimeError, EOFError) as err:
+        # torch reports a cut or damaged .bin as a RuntimeError from its zip reader (PytorchStreamReader).
+        if isinstance(err, RuntimeError) and "PytorchStreamReader" not in str(err):
+            raise
+        raise corrupt_weights(_named_weights(path), f"{err.__class__.__name__}: {err}") from None
+
+
+__all__ = [
+    "CONFIG_FILE",
+    "check_weights",
+    "loading_errors",
+    "model_folder",
+    "read_model_config",
+    "tensor_names",
+    "tensor_shape",
+    "tensor_shapes",
+    "weight_files",
+]

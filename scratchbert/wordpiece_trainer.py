@@ -61,6 +61,8 @@ import heapq
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 
+from scratchbert.errors import ScratchBertError
+
 __all__ = ["count_words", "segmentation_stats", "train_wordpiece_vocab"]
 
 
@@ -74,7 +76,7 @@ def count_words(batches_of_texts: Iterable[list[str]], normalizer=None, pre_toke
     The counter lists words in the order first seen, which the training does not depend on.
     """
     if pre_tokenizer is not None and [word for word, _span in pre_tokenizer.pre_tokenize_str("a b")] != ["a", "b"]:
-        raise ValueError(
+        raise ScratchBertError(
             f"pre_tokenizer {pre_tokenizer} does not split 'a b' into 'a' and 'b': this trainer counts space-separated "
             "chunks before pre-tokenizing them, so it needs a pre-tokenizer that splits at spaces and drops them "
             "(BertPreTokenizer, Whitespace, WhitespaceSplit); use tokenizers' own trainer for others."
@@ -182,18 +184,18 @@ def train_wordpiece_vocab(
     tokens and the alphabet.
     """
     if not isinstance(vocab_size, int) or vocab_size < 1:
-        raise ValueError(f"vocab_size={vocab_size!r}: it must be a positive integer.")
+        raise ScratchBertError(f"vocab_size={vocab_size!r}: it must be a positive integer.")
     if not isinstance(min_frequency, int) or min_frequency < 0:
-        raise ValueError(f"min_frequency={min_frequency!r}: it must be a non-negative integer.")
+        raise ScratchBertError(f"min_frequency={min_frequency!r}: it must be a non-negative integer.")
     if limit_alphabet is not None and (not isinstance(limit_alphabet, int) or limit_alphabet < 1):
-        raise ValueError(f"limit_alphabet={limit_alphabet!r}: it must be a positive integer or None.")
+        raise ScratchBertError(f"limit_alphabet={limit_alphabet!r}: it must be a positive integer or None.")
     if not continuing_subword_prefix:
-        raise ValueError("continuing_subword_prefix must be a non-empty string (BERT's is '##').")
+        raise ScratchBertError("continuing_subword_prefix must be a non-empty string (BERT's is '##').")
 
     # 1. Count words.
     word_counts = count_words(batches_of_texts, normalizer, pre_tokenizer)
     if not word_counts:
-        raise ValueError(
+        raise ScratchBertError(
             "the training corpus is empty (no words after normalization and pre-tokenization): "
             "pass files or strings that contain text."
         )
@@ -208,7 +210,7 @@ def train_wordpiece_vocab(
             ids[token] = len(vocab)
             vocab.append(token)
     if vocab_size < len(vocab):
-        raise ValueError(
+        raise ScratchBertError(
             f"vocab_size={vocab_size} is too small: the {len(special_tokens)} special tokens and the corpus's "
             f"{len(alphabet)} characters (alone and as {continuing_subword_prefix}-continuations) already take "
             f"{len(vocab)} tokens; raise vocab_size to at least {len(vocab)}, or set limit_alphabet."
@@ -308,5 +310,5 @@ def segmentation_stats(tokenizer, texts: Sequence[str]) -> dict[str, float]:
         tokens += len(encoding.ids)
         unknown += encoding.ids.count(unknown_id)
     if words == 0:
-        raise ValueError("segmentation_stats needs texts with at least one word.")
+        raise ScratchBertError("segmentation_stats needs texts with at least one word.")
     return {"words": words, "tokens": tokens, "tokens_per_word": tokens / words, "unknown_share": unknown / tokens}

@@ -12,7 +12,6 @@ import doctest
 import logging
 import math
 import random
-from contextlib import contextmanager
 
 import datasets
 import huggingface_hub.constants
@@ -383,20 +382,6 @@ def test_enormous_unpunctuated_document_is_cut_not_thrown_away(bert_tokenizer, u
             assert doc_a == doc_b and start_b >= end_a
         seen.update(tokens_a + tokens_b)
     assert len(seen & set(wall_ids)) > 0.8 * len(wall_ids)  # most of the wall ends up in examples
-
-
-def test_accelerator_main_process_goes_first(bert_tokenizer, unique_word_corpus):
-    class RecordingAccelerator:
-        entered = 0
-
-        @contextmanager
-        def main_process_first(self):
-            self.entered += 1
-            yield
-
-    accelerator = RecordingAccelerator()
-    build_pretraining_dataset(unique_word_corpus[0][:4], bert_tokenizer, max_seq_length=MAX_SEQ_LENGTH, accelerator=accelerator)
-    assert accelerator.entered == 2  # tokenization, then pairing
 
 
 def test_streaming_pipeline(tmp_path, bert_tokenizer, unique_word_corpus):

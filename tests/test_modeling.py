@@ -318,7 +318,7 @@ def test_config_accepts_transformers_bert_config_files(tmp_path, rxnfp_dir, mini
 
 
 def test_missing_and_corrupt_checkpoints_raise_clear_errors(tmp_path):
-    with pytest.raises(FileNotFoundError, match="No checkpoint directory"):
+    with pytest.raises(FileNotFoundError, match="no such model folder"):
         ScratchBertModel.from_pretrained(tmp_path / "nowhere")
     ScratchBertModel(tiny_config()).save_pretrained(tmp_path / "good")
     corrupt = tmp_path / "corrupt"

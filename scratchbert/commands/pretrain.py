@@ -14,6 +14,8 @@ from accelerate import PartialState
 from scratchbert.training.config import add_config_arguments, config_from_args
 from scratchbert.training.pretrain import DEMO_SENTENCES, pretrain, print_fill_mask
 
+from .report import report_errors
+
 HELP = (
     "pretrain BERT from scratch (default recipe 'packed': MLM on text packed to full length; 'paper': MLM + NSP); "
     "with no arguments, a tiny model on the embedded corpus"
@@ -50,8 +52,6 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `accelerate launch -m scratchbert.commands.pretrain` and scripts/pretrain.py."""
-    from scratchbert.commands import report_errors
-
     parser = argparse.ArgumentParser(prog="scratchbert pretrain", description=HELP)
     add_arguments(parser)
     return report_errors(run, parser.parse_args(argv), "scratchbert pretrain")

@@ -31,6 +31,7 @@ import re
 import shutil
 from pathlib import Path
 
+from scratchbert.errors import ScratchBertError
 from scratchbert.training.config import upgrade_saved_config
 
 CHECKPOINTS = "checkpoints"
@@ -149,14 +150,14 @@ def read_trainer_state(path: str | Path) -> dict:
     path = Path(path)
     state_file = path / STATE_FILE
     if not state_file.is_file():
-        raise ValueError(f"{path} is not a complete checkpoint (no {STATE_FILE}); delete it or resume from another one.")
+        raise ScratchBertError(f"{path} is not a complete checkpoint (no {STATE_FILE}); delete it or resume from another one.")
     try:
         state = json.loads(state_file.read_text(encoding="utf-8"))
     except json.JSONDecodeError as err:
-        raise ValueError(f"{state_file} is damaged ({err}); delete {path} to resume from the checkpoint before it.") from None
+        raise ScratchBertError(f"{state_file} is damaged ({err}); delete {path} to resume from the checkpoint before it.") from None
     missing = [key for key in ("step", "epoch", "batches_in_epoch", "config") if key not in state]
     if missing:
-        raise ValueError(f"{state_file} lacks {', '.join(missing)}: it was not written by scratchbert pretrain.")
+        raise ScratchBertError(f"{state_file} lacks {', '.join(missing)}: it was not written by scratchbert pretrain.")
     return state
 
 
@@ -176,7 +177,7 @@ def check_compatible(path: str | Path, current_config: dict) -> dict:
     state = read_trainer_state(path)
     differences = config_differences(state["config"], current_config)
     if differences:
-        raise ValueError(
+        raise ScratchBertError(
             f"the checkpoint {path} was written by a run with different options, so it cannot be resumed "
             "exactly:\n  " + "\n  ".join(differences) + "\nUse the same options (or its saved "
             "pretrain_config.json via --config), or choose another --output-dir, or pass --overwrite to start over."

@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch.utils.data import Dataset
 
+from scratchbert.errors import ScratchBertError
 from scratchbert.modeling_scratchbert import IGNORE_INDEX  # the label of positions the loss skips
 
 # What a pretraining batch hands to the model (the collator also makes nothing else).
@@ -82,16 +83,16 @@ class DataCollatorForPretraining:
         subword_prefix: str = "##",
     ):
         if not 0.0 < mlm_probability <= 1.0:
-            raise ValueError(f"mlm_probability={mlm_probability!r} must be in (0, 1]; BERT uses 0.15")
+            raise ScratchBertError(f"mlm_probability={mlm_probability!r} must be in (0, 1]; BERT uses 0.15")
         if mask_replace_prob < 0 or random_replace_prob < 0 or mask_replace_prob + random_replace_prob > 1:
-            raise ValueError(
+            raise ScratchBertError(
                 f"mask_replace_prob={mask_replace_prob!r} and random_replace_prob={random_replace_prob!r} must be "
                 "non-negative and sum to at most 1; BERT uses 0.8 and 0.1"
             )
         if pad_to_multiple_of is not None and (not isinstance(pad_to_multiple_of, int) or pad_to_multiple_of < 1):
-            raise ValueError(f"pad_to_multiple_of={pad_to_multiple_of!r} must be a positive integer (e.g. 8) or None")
+            raise ScratchBertError(f"pad_to_multiple_of={pad_to_multiple_of!r} must be a positive integer (e.g. 8) or None")
         if tokenizer.pad_token_id is None or tokenizer.mask_token_id is None:
-            raise ValueError("masked-language-model batches need a tokenizer with both a [PAD] and a [MASK] token")
+            raise ScratchBertError("masked-language-model batches need a tokenizer with both a [PAD] and a [MASK] token")
         self.tokenizer = tokenizer
         self.mlm_probability = mlm_probability
         self.whole_word_mask = whole_word_mask
@@ -107,7 +108,7 @@ class DataCollatorForPretraining:
         self._is_special[sorted(set(tokenizer.all_special_ids))] = True
         self._replacement_ids = torch.nonzero(~self._is_special).squeeze(1)  # (vocab - specials,)
         if len(self._replacement_ids) == 0:
-            raise ValueError("the tokenizer has only special tokens; there is nothing to predict or to sample from")
+            raise ScratchBertError("the tokenizer has only special tokens; there is nothing to predict or to sample from")
         self._continues_word = None
         if whole_word_mask:
             tokens = tokenizer.convert_ids_to_tokens(list(range(self.vocab_size)))
@@ -145,7 +146,7 @@ class DataCollatorForPretraining:
                 attention_mask[row, :n] = 1
         too_large = input_ids.max().item()
         if too_large >= self.vocab_size or input_ids.min().item() < 0:
-            raise ValueError(
+            raise ScratchBertError(
                 f"token id {too_large} is outside the tokenizer's vocabulary of {self.vocab_size}; the examples "
                 "were made with a different tokenizer"
             )

@@ -26,7 +26,6 @@ continues A, 1 means B is random.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import logging
@@ -37,6 +36,8 @@ from pathlib import Path
 
 import datasets
 from datasets.fingerprint import Hasher
+
+from scratchbert.errors import ScratchBertError
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +51,7 @@ MIN_MAX_SEQ_LENGTH = NUM_SPECIAL_TOKENS + 2
 def check_max_seq_length(max_seq_length) -> None:
     """The one lower bound on example length, for every recipe (sentence pairs need the most room)."""
     if isinstance(max_seq_length, bool) or not isinstance(max_seq_length, int) or max_seq_length < MIN_MAX_SEQ_LENGTH:
-        raise ValueError(
+        raise ScratchBertError(
             f"max_seq_length={max_seq_length!r} is too small: [CLS] A [SEP] B [SEP] needs {NUM_SPECIAL_TOKENS} special "
             f"tokens plus at least one token each for A and B; use max_seq_length >= {MIN_MAX_SEQ_LENGTH} (BERT uses 128 and 512)"
         )
@@ -185,7 +186,6 @@ def tokenize_documents(
     *,
     num_proc: int | None = None,
     batch_size: int = 1000,
-    accelerator=None,
 ) -> datasets.Dataset | datasets.IterableDataset:
     """Split documents into sentences and tokenize them, with `datasets.map(batched=True)`.
 
@@ -194,8 +194,6 @@ def tokenize_documents(
         tokenizer: any transformers tokenizer; special tokens are not added here.
         num_proc: worker processes for `map` (ignored for an `IterableDataset`, which is lazy).
         batch_size: documents per `map` batch.
-        accelerator: an `accelerate.Accelerator`; when given, the main process maps first and
-            the others then read its cache (for datasets stored on disk).
 
     Returns:
         Dataset (IterableDataset for an IterableDataset) with one column "sentences":
@@ -204,7 +202,7 @@ def tokenize_documents(
     """
     if isinstance(documents, (datasets.Dataset, datasets.IterableDataset)):
         if documents.column_names is not None and "text" not in documents.column_names:
-            raise ValueError(
+            raise ScratchBertError(
                 f"the documents dataset needs a 'text' column (it has {documents.column_names}); "
                 "load it with load_documents(..., text_column=...)"
             )
@@ -215,17 +213,24 @@ def tokenize_documents(
         dataset = datasets.Dataset.from_dict({"text": list(documents)}, features=datasets.Features({"text": datasets.Value("string")}))
     remove = dataset.column_names if dataset.column_names is not None else ["text"]
     map_kwargs = {"batched": True, "batch_size": batch_size, "remove_columns": remove, "fn_kwargs": {"tokenizer": tokenizer}}
-    with _main_process_first(accelerator):
-        if isinstance(dataset, datasets.IterableDataset):
-            return dataset.map(_tokenize_batch, features=TOKENIZED_FEATURES, **map_kwargs)
-        return dataset.map(
-            _tokenize_batch,
-            features=TOKENIZED_FEATURES,
-            num_proc=num_proc,
-            new_fingerprint=Hasher.hash([dataset._fingerprint, _code_fingerprint(), _tokenizer_fingerprint(tokenizer)]),
-            desc="Splitting and tokenizing",
-            **map_kwargs,
-        )
+    if isinstance(dataset, datasets.IterableDataset):
+        return dataset.map(_tokenize_batch, features=TOKENIZED_FEATURES, **map_kwargs)
+    return dataset.map(
+        _tokenize_batch,
+        features=TOKENIZED_FEATURES,
+        num_proc=num_proc,
+        new_fingerprint=Hasher.hash([dataset._fingerprint, _code_fingerprint(), _tokenizer_fingerprint(tokenizer)]),
+        desc="Splitting and tokenizing",
+        **map_kwargs,
+    )
+
+
+def _tokenized(documents: Documents, tokenizer, num_proc: int | None, batch_size: int):
+    """`documents` as `tokenize_documents` returns them: already so (a "sentences" column), or tokenized now."""
+    columns = getattr(documents, "column_names", None) or []
+    if "sentences" in columns and "text" not in columns:
+        return documents
+    return tokenize_documents(documents, tokenizer, num_proc=num_proc, batch_size=batch_size)
 
 
 def _code_fingerprint() -> str:
@@ -244,10 +249,6 @@ def _tokenizer_fingerprint(tokenizer) -> str:
     state.pop("truncation", None)  # call-time settings, not part of what the tokenizer produces
     state.pop("padding", None)
     return Hasher.hash(type(tokenizer).__name__ + json.dumps(state, sort_keys=True))  # one string hashes fast
-
-
-def _main_process_first(accelerator):
-    return accelerator.main_process_first() if accelerator is not None else contextlib.nullcontext()
 
 
 # ---------------------------------------------------------------------------
@@ -462,7 +463,6 @@ def build_pretraining_dataset(
     nsp_probability: float = 0.5,
     seed: int = 0,
     num_proc: int | None = None,
-    accelerator=None,
     batch_size: int = 1000,
 ) -> datasets.Dataset | datasets.IterableDataset:
     """Build BERT's pretraining examples: `[CLS] A [SEP] B [SEP]` with a next-sentence label.
@@ -473,15 +473,15 @@ def build_pretraining_dataset(
             skipped, which is what a loop that re-pairs every epoch wants); or an
             `IterableDataset` of either, which gives a lazy `IterableDataset` of examples.
         tokenizer: a transformers tokenizer with [CLS] and [SEP] tokens.
-        max_seq_length: the longest example, special tokens included (>= 5).
+        max_seq_length: the longest example, special tokens included (>= `MIN_MAX_SEQ_LENGTH`).
         short_seq_prob: per document, probability of a random shorter target length.
         nsp_probability: probability that segment B comes from another document (label 1).
         seed: fixes the pairing; use `seed + epoch` for a new pairing every epoch. Each
             document draws from its own generator seeded by (seed, document index), so the
             result does not depend on `num_proc` or `batch_size`.
-        num_proc: worker processes for the `datasets.map` calls.
-        accelerator: an `accelerate.Accelerator`: the main process maps first, the others
-            reuse its cache.
+        num_proc: worker processes for the `datasets.map` calls. With several training
+            processes, call this under `accelerator.main_process_first()` so that the others
+            reuse the main process's cache.
         batch_size: documents per `map` batch. When streaming it is also the pool that
             NotNext segments are drawn from (the other documents of the same batch).
 
@@ -496,17 +496,17 @@ def build_pretraining_dataset(
     A and B need two segments. They are not errors; an empty result is.
 
     Raises:
-        ValueError: max_seq_length below 5; probabilities outside [0, 1]; a tokenizer
+        ValueError: max_seq_length below `MIN_MAX_SEQ_LENGTH`; probabilities outside [0, 1]; a tokenizer
             without [CLS]/[SEP]; no document with two sentences; NotNext pairs requested
             with only one usable document.
     """
     check_max_seq_length(max_seq_length)
     for name, value in (("short_seq_prob", short_seq_prob), ("nsp_probability", nsp_probability)):
         if not 0.0 <= value <= 1.0:
-            raise ValueError(f"{name}={value!r} is not a probability; use a value in [0, 1]")
+            raise ScratchBertError(f"{name}={value!r} is not a probability; use a value in [0, 1]")
     cls_id, sep_id = tokenizer.cls_token_id, tokenizer.sep_token_id
     if cls_id is None or sep_id is None:
-        raise ValueError("the tokenizer has no [CLS] or [SEP] token; BERT pairs need both (set cls_token and sep_token)")
+        raise ScratchBertError("the tokenizer has no [CLS] or [SEP] token; BERT pairs need both (set cls_token and sep_token)")
     max_num_tokens = max_seq_length - NUM_SPECIAL_TOKENS
     pair_kwargs = {
         "seed": seed,
@@ -516,11 +516,7 @@ def build_pretraining_dataset(
         "cls_id": cls_id,
         "sep_id": sep_id,
     }
-    columns = getattr(documents, "column_names", None) or []
-    if "sentences" in columns and "text" not in columns:
-        tokenized = documents
-    else:
-        tokenized = tokenize_documents(documents, tokenizer, num_proc=num_proc, batch_size=batch_size, accelerator=accelerator)
+    tokenized = _tokenized(documents, tokenizer, num_proc, batch_size)
     if isinstance(tokenized, datasets.IterableDataset):
         return tokenized.map(
             _pairs_for_stream_batch,
@@ -531,64 +527,67 @@ def build_pretraining_dataset(
             features=PRETRAINING_FEATURES,
             fn_kwargs=pair_kwargs,
         )
-
-    with _main_process_first(accelerator):
-        counts = (
-            list(
-                tokenized.map(
-                    _count_segments,
-                    batched=True,
-                    batch_size=batch_size,
-                    remove_columns=tokenized.column_names,
-                    fn_kwargs={"max_num_tokens": max_num_tokens},
-                    num_proc=num_proc,
-                    desc="Counting sentences",
-                )["num_segments"]
-            )
-            if len(tokenized) > 0
-            else []  # map does not run its function on an empty dataset
-        )
-        usable_indices = [index for index, count in enumerate(counts) if count >= 2]
-        num_empty, num_single = counts.count(0), counts.count(1)
-        if num_empty or num_single:
-            logger.warning(
-                "Skipped %d of %d documents: %d empty, %d of a single sentence (next-sentence pairs need two).",
-                num_empty + num_single, len(counts), num_empty, num_single,
-            )
-        if not usable_indices:
-            raise ValueError(
-                f"no pretraining examples: none of the {len(counts)} documents has two sentences "
-                f"({num_empty} empty, {num_single} of one sentence). Next-sentence pairs need documents of several "
-                "sentences; if your file holds one sentence per line, separate documents by blank lines, not sentences"
-            )
-        if len(usable_indices) < 2 and nsp_probability > 0:
-            raise ValueError(
-                "NotNext pairs take segment B from a different document, but only one document has two sentences; "
-                "add documents (separated by blank lines), or pass nsp_probability=0"
-            )
-        usable = tokenized.select(usable_indices) if len(usable_indices) < len(counts) else tokenized
-        examples = usable.map(
-            _pairs_for_batch,
-            batched=True,
-            batch_size=batch_size,
-            with_indices=True,
-            remove_columns=usable.column_names,
-            features=PRETRAINING_FEATURES,
-            fn_kwargs={"documents": usable, **pair_kwargs},
-            num_proc=num_proc,
-            # The documents ride along in fn_kwargs; fingerprint them by their own fingerprint
-            # rather than by pickling their content.
-            new_fingerprint=Hasher.hash([usable._fingerprint, _code_fingerprint(), pair_kwargs]),
-            desc="Building sentence pairs",
-        )
+    usable = _documents_with_pairs(tokenized, max_num_tokens, nsp_probability, num_proc, batch_size)
+    examples = usable.map(
+        _pairs_for_batch,
+        batched=True,
+        batch_size=batch_size,
+        with_indices=True,
+        remove_columns=usable.column_names,
+        features=PRETRAINING_FEATURES,
+        fn_kwargs={"documents": usable, **pair_kwargs},
+        num_proc=num_proc,
+        # The documents ride along in fn_kwargs; fingerprint them by their own fingerprint
+        # rather than by pickling their content.
+        new_fingerprint=Hasher.hash([usable._fingerprint, _code_fingerprint(), pair_kwargs]),
+        desc="Building sentence pairs",
+    )
     if len(examples) == 0:
-        raise ValueError("no pretraining examples were built from the documents; check that they hold text")
+        raise ScratchBertError("no pretraining examples were built from the documents; check that they hold text")
     labels = examples["next_sentence_label"]
     logger.info(
         "Built %d pretraining examples (%d NotNext) from %d documents, max_seq_length=%d, seed=%d.",
-        len(examples), sum(labels), len(usable_indices), max_seq_length, seed,
+        len(examples), sum(labels), len(usable), max_seq_length, seed,
     )
     return examples
+
+
+def _documents_with_pairs(tokenized: datasets.Dataset, max_num_tokens: int, nsp_probability: float, num_proc, batch_size: int):
+    """The tokenized documents that yield a sentence pair (two segments or more), the others counted and logged."""
+    counts = (
+        list(
+            tokenized.map(
+                _count_segments,
+                batched=True,
+                batch_size=batch_size,
+                remove_columns=tokenized.column_names,
+                fn_kwargs={"max_num_tokens": max_num_tokens},
+                num_proc=num_proc,
+                desc="Counting sentences",
+            )["num_segments"]
+        )
+        if len(tokenized) > 0
+        else []  # map does not run its function on an empty dataset
+    )
+    usable_indices = [index for index, count in enumerate(counts) if count >= 2]
+    num_empty, num_single = counts.count(0), counts.count(1)
+    if num_empty or num_single:
+        logger.warning(
+            "Skipped %d of %d documents: %d empty, %d of a single sentence (next-sentence pairs need two).",
+            num_empty + num_single, len(counts), num_empty, num_single,
+        )
+    if not usable_indices:
+        raise ScratchBertError(
+            f"no pretraining examples: none of the {len(counts)} documents has two sentences "
+            f"({num_empty} empty, {num_single} of one sentence). Next-sentence pairs need documents of several "
+            "sentences; if your file holds one sentence per line, separate documents by blank lines, not sentences"
+        )
+    if len(usable_indices) < 2 and nsp_probability > 0:
+        raise ScratchBertError(
+            "NotNext pairs take segment B from a different document, but only one document has two sentences; "
+            "add documents (separated by blank lines), or pass nsp_probability=0"
+        )
+    return tokenized.select(usable_indices) if len(usable_indices) < len(counts) else tokenized
 
 
 # ---------------------------------------------------------------------------
@@ -640,7 +639,6 @@ def build_packed_dataset(
     *,
     max_seq_length: int = 128,
     num_proc: int | None = None,
-    accelerator=None,
     batch_size: int = 1000,
 ) -> datasets.Dataset | datasets.IterableDataset:
     """MLM examples of contiguous text packed to exactly `max_seq_length` tokens: no padding, no NSP.
@@ -653,7 +651,8 @@ def build_packed_dataset(
     Args:
         documents: as for `build_pretraining_dataset` (strings, a "text" dataset, the
             output of `tokenize_documents`, or an `IterableDataset` of either).
-        max_seq_length: tokens per example, [CLS] and [SEP] included (>= 3).
+        max_seq_length: tokens per example, [CLS] and [SEP] included (at least
+            `MIN_MAX_SEQ_LENGTH`, the one bound of every recipe: `check_max_seq_length`).
         batch_size: documents per `map` batch; the stream is cut per batch, so the last
             partial block of each batch (at most max_seq_length - 3 tokens) is dropped.
 
@@ -662,32 +661,27 @@ def build_packed_dataset(
         attention_mask (all 1), every example `max_seq_length` long, in corpus order.
 
     Raises:
-        ValueError: max_seq_length below 3; a tokenizer without [CLS]/[SEP]; text too
+        ValueError: max_seq_length below `MIN_MAX_SEQ_LENGTH`; a tokenizer without [CLS]/[SEP]; text too
             short to fill a single example.
     """
     check_max_seq_length(max_seq_length)
     cls_id, sep_id = tokenizer.cls_token_id, tokenizer.sep_token_id
     if cls_id is None or sep_id is None:
-        raise ValueError("the tokenizer has no [CLS] or [SEP] token; BERT examples need both (set cls_token and sep_token)")
-    columns = getattr(documents, "column_names", None) or []
-    if "sentences" in columns and "text" not in columns:
-        tokenized = documents
-    else:
-        tokenized = tokenize_documents(documents, tokenizer, num_proc=num_proc, batch_size=batch_size, accelerator=accelerator)
+        raise ScratchBertError("the tokenizer has no [CLS] or [SEP] token; BERT examples need both (set cls_token and sep_token)")
+    tokenized = _tokenized(documents, tokenizer, num_proc, batch_size)
     pack_kwargs = {"block_length": max_seq_length - 2, "cls_id": cls_id, "sep_id": sep_id}
     map_kwargs = {"batched": True, "batch_size": batch_size, "remove_columns": ["sentences"], "features": PACKED_FEATURES, "fn_kwargs": pack_kwargs}
     if isinstance(tokenized, datasets.IterableDataset):
         return tokenized.map(_packed_blocks_for_batch, **map_kwargs)
-    with _main_process_first(accelerator):
-        examples = tokenized.map(
-            _packed_blocks_for_batch,
-            num_proc=num_proc,
-            new_fingerprint=Hasher.hash([tokenized._fingerprint, _code_fingerprint(), pack_kwargs, batch_size]),
-            desc="Packing text into blocks",
-            **map_kwargs,
-        )
+    examples = tokenized.map(
+        _packed_blocks_for_batch,
+        num_proc=num_proc,
+        new_fingerprint=Hasher.hash([tokenized._fingerprint, _code_fingerprint(), pack_kwargs, batch_size]),
+        desc="Packing text into blocks",
+        **map_kwargs,
+    )
     if len(examples) == 0:
-        raise ValueError(
+        raise ScratchBertError(
             f"no pretraining examples: the text holds fewer than the {max_seq_length - 2} tokens one packed example needs. "
             "Add text or lower --max-seq-length"
         )

@@ -36,10 +36,12 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from scratchbert.errors import ScratchBertError
 from scratchbert.ingestion import load_named_dataset, load_table
+from scratchbert.modeling_scratchbert import IGNORE_INDEX
 from scratchbert.tokenization import load_tokenizer
 from scratchbert.training.config import ConfigFile
-from scratchbert.weights import check_weights
+from scratchbert.weights import check_weights, model_folder, read_model_config, tensor_shape
 
 logger = logging.getLogger(__name__)
 
@@ -92,13 +94,13 @@ def load_splits(
     import datasets
 
     if (train_files is None) == (dataset_name is None):
-        raise ValueError("give either local train files (--train-file) or a datasets name (--dataset), not both or neither.")
+        raise ScratchBertError("give either local train files (--train-file) or a datasets name (--dataset), not both or neither.")
     if train_files is not None and any(x is not None for x in (dataset_config, train_split, validation_split, test_split)):
-        raise ValueError(
+        raise ScratchBertError(
             "--dataset-config and split names (--train-split, ...) go with --dataset; with local files give --validation-file/--test-file."
         )
     if dataset_name is not None and (validation_files or test_files):
-        raise ValueError("--validation-file/--test-file go with --train-file; with --dataset choose --validation-split/--test-split.")
+        raise ScratchBertError("--validation-file/--test-file go with --train-file; with --dataset choose --validation-split/--test-split.")
     if train_files is not None:
         splits = {"train": load_table(train_files, "the train data")}
         for name, files in (("validation", validation_files), ("test", test_files)):
@@ -114,22 +116,22 @@ def load_splits(
             if split is None:
                 continue
             if split not in loaded:
-                raise ValueError(f"dataset {dataset_name!r} has no split {split!r} (it has: {', '.join(loaded)}).")
+                raise ScratchBertError(f"dataset {dataset_name!r} has no split {split!r} (it has: {', '.join(loaded)}).")
             splits[name] = loaded[split]
 
     if len(splits["train"]) == 0:
-        raise ValueError("the training data is empty: there are no rows to fine-tune on.")
+        raise ScratchBertError("the training data is empty: there are no rows to fine-tune on.")
     if "validation" not in splits:
         if not 0 < validation_fraction < 1:
-            raise ValueError(f"validation_fraction must be between 0 and 1, got {validation_fraction}.")
+            raise ScratchBertError(f"validation_fraction must be between 0 and 1, got {validation_fraction}.")
         if len(splits["train"]) < 2:
-            raise ValueError("the training data has one row: give a separate validation file (--validation-file).")
+            raise ScratchBertError("the training data has one row: give a separate validation file (--validation-file).")
         held_out = splits["train"].train_test_split(test_size=validation_fraction, seed=seed)
         splits["train"], splits["validation"] = held_out["train"], held_out["test"]
         logger.info("held out %d of the training rows for validation", len(splits["validation"]))
     for name, split in splits.items():
         if len(split) == 0:
-            raise ValueError(f"the {name} data is empty: it has no rows to evaluate on.")
+            raise ScratchBertError(f"the {name} data is empty: it has no rows to evaluate on.")
         limit = max_train_samples if name == "train" else max_eval_samples
         if limit is not None and limit < len(split):
             splits[name] = split.shuffle(seed=seed).select(range(limit))
@@ -150,7 +152,7 @@ def check_text_columns(splits, text_column: str, text_pair_column: str | None, l
             wanted.append((text_pair_column, "--text-pair-column"))
         for column, flag in wanted:
             if column not in columns:
-                raise ValueError(
+                raise ScratchBertError(
                     f"the {name} data has no column {column!r} (its columns: {', '.join(columns)}); "
                     f"name the right one with {flag}."
                 )
@@ -159,7 +161,7 @@ def check_text_columns(splits, text_column: str, text_pair_column: str | None, l
                 continue
             for row, text in enumerate(split[column]):
                 if not isinstance(text, str):
-                    raise ValueError(f"{name} row {row}: column {column!r} holds {text!r}, not a text string.")
+                    raise ScratchBertError(f"{name} row {row}: column {column!r} holds {text!r}, not a text string.")
 
 
 def label_names_of(splits, label_column: str) -> list[str]:
@@ -176,7 +178,7 @@ def label_names_of(splits, label_column: str) -> list[str]:
         for name, split in splits.items():
             for row, value in enumerate(split[label_column]):
                 if value is None or not 0 <= value < feature.num_classes:  # `datasets` writes -1 for "no label"
-                    raise ValueError(f"{name} row {row} has no label in column {label_column!r} (found {value!r}).")
+                    raise ScratchBertError(f"{name} row {row} has no label in column {label_column!r} (found {value!r}).")
         return list(feature.names)
     kinds = set()
     for name, split in splits.items():
@@ -185,21 +187,21 @@ def label_names_of(splits, label_column: str) -> list[str]:
         if kind is None:
             types = {type(value) for value in split[label_column] if value is not None}
             if types == {str, int}:  # `datasets` reads such a JSON column as untyped "Json"
-                raise ValueError(f"column {label_column!r} of the {name} data mixes strings and integers; use one kind of label.")
+                raise ScratchBertError(f"column {label_column!r} of the {name} data mixes strings and integers; use one kind of label.")
             example = next((value for value in split[label_column] if value is not None), None)
-            raise ValueError(
+            raise ScratchBertError(
                 f"labels must be strings or integers, but column {label_column!r} of the {name} data holds "
                 f"{getattr(feature, 'dtype', type(feature).__name__)} values (e.g. {example!r}). "
                 "Map them to class names or integer ids first (regression is not supported)."
             )
         kinds.add(kind)
     if len(kinds) > 1:
-        raise ValueError(f"column {label_column!r} holds strings in one split and integers in another; use one kind.")
+        raise ScratchBertError(f"column {label_column!r} holds strings in one split and integers in another; use one kind.")
     values = set()
     for name, split in splits.items():
         for row, value in enumerate(split[label_column]):
             if value is None:
-                raise ValueError(f"{name} row {row} has no label in column {label_column!r}.")
+                raise ScratchBertError(f"{name} row {row} has no label in column {label_column!r}.")
             values.add(value)
     if kinds == {"integer"}:
         return [str(int(value)) for value in sorted(values)]
@@ -248,9 +250,9 @@ def tokenize_splits(splits, tokenizer, text_column: str, text_pair_column: str |
     "head+tail" keeps the start and the end of a long single text (`head_and_tail`).
     """
     if truncation not in TRUNCATIONS:
-        raise ValueError(f"truncation={truncation!r}: choose one of {', '.join(TRUNCATIONS)}.")
+        raise ScratchBertError(f"truncation={truncation!r}: choose one of {', '.join(TRUNCATIONS)}.")
     if truncation == "head+tail" and text_pair_column is not None:
-        raise ValueError("head+tail truncation cuts single texts; with a text pair use truncation='head'.")
+        raise ScratchBertError("head+tail truncation cuts single texts; with a text pair use truncation='head'.")
 
     def tokenize(batch):
         if truncation == "head+tail":
@@ -279,29 +281,10 @@ def tokenize_splits(splits, tokenizer, text_column: str, text_pair_column: str |
 def checkpoint_head_size(checkpoint: str | Path, key: str = HEAD_KEY) -> int | None:
     """Rows of the checkpoint's head weight `key` (its number of labels), or None if it has no such head.
 
-    Reads only the tensor's shape: safetensors headers, or a `pytorch_model.bin` mapped
-    from disk without copying its tensors into memory.
+    Reads only the tensor's shape, from the weight files' headers (`weights.tensor_shape`).
     """
-    from safetensors import safe_open
-
-    folder = Path(checkpoint)
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        shard = json.loads(index.read_text())["weight_map"].get(key)
-        files = [folder / shard] if shard else []
-    else:
-        files = [folder / "model.safetensors"]
-    for file in files:
-        if file.is_file():
-            with safe_open(str(file), framework="pt") as weights:
-                return weights.get_slice(key).get_shape()[0] if key in weights.keys() else None
-    binary = folder / "pytorch_model.bin"
-    if binary.is_file():
-        import torch
-
-        state = torch.load(binary, map_location="cpu", weights_only=True, mmap=True)
-        return state[key].shape[0] if key in state else None
-    return None
+    shape = tensor_shape(checkpoint, key)
+    return shape[0] if shape is not None else None
 
 
 def checkpoint_label_order(checkpoint: str | Path, label_names: Sequence[str], reinit_head: bool = False) -> list[str]:
@@ -312,7 +295,7 @@ def checkpoint_label_order(checkpoint: str | Path, label_names: Sequence[str], r
     """
     if reinit_head or checkpoint_head_size(checkpoint) != len(label_names):
         return list(label_names)
-    id2label = json.loads((Path(checkpoint) / "config.json").read_text()).get("id2label") or {}
+    id2label = read_model_config(checkpoint).get("id2label") or {}
     head_names = [id2label.get(str(i)) for i in range(len(label_names))]
     if set(head_names) == set(label_names):
         return head_names
@@ -338,13 +321,11 @@ def load_sequence_classifier(checkpoint: str | Path, label_names: Sequence[str],
     """
     if model_class is None:
         from scratchbert import ScratchBertForSequenceClassification as model_class
-    folder = Path(checkpoint)
-    if not (folder / "config.json").is_file():
-        raise FileNotFoundError(f"no checkpoint at {checkpoint}: expected a folder with config.json and the model weights.")
+    folder = model_folder(checkpoint)
     num_labels = len(label_names)
     head_size = checkpoint_head_size(folder)
     if head_size is not None and head_size != num_labels and not reinit_head:
-        raise ValueError(
+        raise ScratchBertError(
             f"the checkpoint {checkpoint} has a classification head for {head_size} labels, but the data has "
             f"{num_labels} ({', '.join(label_names)}). Pass --reinit-head (reinit_head=True) to train a new head "
             "for these labels, or use data with the checkpoint's labels."
@@ -397,12 +378,12 @@ def sequence_classification_metrics(eval_prediction) -> dict[str, float]:
 
 
 def token_classification_metrics(eval_prediction) -> dict[str, float]:
-    """`compute_metrics` for token tagging: logits (N, T, K), labels (N, T) with -100 on
+    """`compute_metrics` for token tagging: logits (N, T, K), labels (N, T) with IGNORE_INDEX (-100) on
     special tokens and padding -> accuracy and macro-F1 over the labelled tokens only."""
     logits = eval_prediction.predictions
     logits = logits[0] if isinstance(logits, tuple) else logits
     labels = eval_prediction.label_ids
-    keep = labels != -100
+    keep = labels != IGNORE_INDEX
     return classification_metrics(logits.argmax(-1)[keep], labels[keep])
 
 
@@ -511,26 +492,26 @@ class FinetuneConfig(ConfigFile):
     def validate(self) -> None:
         """Raise a ValueError naming the bad value and the fix (the data and checkpoint are checked when read)."""
         if not self.checkpoint:
-            raise ValueError("give the checkpoint to fine-tune: a folder with config.json and the model weights.")
+            raise ScratchBertError("give the checkpoint to fine-tune: a folder with config.json and the model weights.")
         if not self.output_dir:
-            raise ValueError("give --output-dir: the folder the fine-tuned model goes to.")
+            raise ScratchBertError("give --output-dir: the folder the fine-tuned model goes to.")
         for name in ("epochs", "batch_size", "eval_batch_size", "gradient_accumulation_steps", "learning_rate", "logging_steps"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
-                raise ValueError(f"{name}={value!r}: it must be a positive number (--{name.replace('_', '-')}).")
+                raise ScratchBertError(f"{name}={value!r}: it must be a positive number (--{name.replace('_', '-')}).")
         if self.best_metric not in METRICS:
-            raise ValueError(f"best_metric must be one of {', '.join(METRICS)}, got {self.best_metric!r}.")
+            raise ScratchBertError(f"best_metric must be one of {', '.join(METRICS)}, got {self.best_metric!r}.")
         if self.truncation not in TRUNCATIONS:
-            raise ValueError(f"truncation must be one of {', '.join(TRUNCATIONS)}, got {self.truncation!r}.")
+            raise ScratchBertError(f"truncation must be one of {', '.join(TRUNCATIONS)}, got {self.truncation!r}.")
         if not 0.0 <= self.warmup_ratio < 1.0 or self.weight_decay < 0:
-            raise ValueError("warmup_ratio must be in [0, 1) and weight_decay 0 or more.")
+            raise ScratchBertError("warmup_ratio must be in [0, 1) and weight_decay 0 or more.")
 
 
 def _check_output_dir(output_dir: Path, overwrite: bool) -> None:
     if output_dir.exists() and not output_dir.is_dir():
-        raise ValueError(f"--output-dir {output_dir} is a file; give a folder.")
+        raise ScratchBertError(f"--output-dir {output_dir} is a file; give a folder.")
     if output_dir.is_dir() and any(output_dir.iterdir()) and not overwrite:
-        raise ValueError(
+        raise ScratchBertError(
             f"--output-dir {output_dir} is not empty; pick a new folder, or pass --overwrite to replace what it holds."
         )
 
@@ -561,11 +542,11 @@ def finetune(config: FinetuneConfig, model_class=None) -> dict[str, Any]:
 
     checkpoint, max_length = config.checkpoint, config.max_length
     check_weights(checkpoint)  # a missing, truncated or corrupt weight file fails here, in one line
-    positions = json.loads((Path(checkpoint) / "config.json").read_text()).get("max_position_embeddings", 512)
+    positions = read_model_config(checkpoint).get("max_position_embeddings", 512)
     if max_length is None:
         max_length = min(DEFAULT_MAX_LENGTH, positions)
     if not 2 <= max_length <= positions:
-        raise ValueError(f"max_length must be between 2 (room for [CLS] and [SEP]) and the model's {positions} positions, got {max_length}.")
+        raise ScratchBertError(f"max_length must be between 2 (room for [CLS] and [SEP]) and the model's {positions} positions, got {max_length}.")
     output_dir = Path(config.output_dir)
     _check_output_dir(output_dir, config.overwrite)
     tokenizer = load_tokenizer(config.tokenizer if config.tokenizer is not None else checkpoint, max_length=positions)
@@ -575,7 +556,7 @@ def finetune(config: FinetuneConfig, model_class=None) -> dict[str, Any]:
     check_text_columns(splits, config.text_column, config.text_pair_column, config.label_column)
     label_names = label_names_of(splits, config.label_column)
     if len(label_names) < 2:
-        raise ValueError(f"the data has a single label ({label_names[0]!r}); a classifier needs at least two.")
+        raise ScratchBertError(f"the data has a single label ({label_names[0]!r}); a classifier needs at least two.")
     label_names = checkpoint_label_order(checkpoint, label_names, config.reinit_head)
     logger.info("%d labels: %s; %s", len(label_names), ", ".join(label_names), ", ".join(f"{k} {len(v)} rows" for k, v in splits.items()))
     splits = encode_labels(splits, config.label_column, label_names)

@@ -63,31 +63,6 @@ def plot_loss_comparison(curves: dict[str, tuple[list[int], list[float]]], path:
     return _finish(figure, [axis], path)
 
 
-def plot_eval_curves(
-    runs: dict[str, list[dict]], path: str | Path, title: str, metric: str = "mlm_accuracy", baseline: float | None = None, x: str = "minutes"
-) -> Path:
-    """Held-out `metric` of several runs, `{label: log records}`, against minutes of training or steps.
-
-    x="minutes" (from `training_seconds`, what a time budget buys) compares runs of different
-    speed at equal cost; x="step" at equal numbers of updates. `baseline` draws a horizontal
-    line (e.g. the unigram accuracy).
-    """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axis = plt.subplots(figsize=(7, 4))
-    for (label, records), style in zip(runs.items(), ("o-", "s-", "^-", "d-", "v-", "x-")):
-        evals = [r for r in records if r.get("type") == "eval" and "training_seconds" in r]
-        xs = [r["training_seconds"] / 60 if x == "minutes" else r["step"] for r in evals]
-        axis.plot(xs, [r[metric] for r in evals], style, label=label, markersize=4)
-    if baseline is not None:
-        axis.axhline(baseline, color="grey", linestyle=":", linewidth=1, label="unigram plateau")
-    axis.set(xlabel="minutes of training" if x == "minutes" else "optimizer step", ylabel=f"held-out {metric.replace('_', ' ')}", title=title)
-    return _finish(figure, [axis], path)
-
-
 def _finish(figure, axes, path: str | Path) -> Path:
     """Grid and legend on every axis, then write the figure as a PNG (creating its folder) and close it."""
     import matplotlib.pyplot as plt

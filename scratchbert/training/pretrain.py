@@ -947,11 +947,3 @@ def print_fill_mask(model_dir: str | Path, sentences, top_k: int = 5) -> None:
     for sentence in sentences:
         for guesses in fill_mask(model, tokenizer, sentence, top_k):
             print(f"  {sentence}\n      -> " + ", ".join(f"{token} ({p:.2f})" for token, p in guesses))
-
-
-if __name__ == "__main__":  # `accelerate launch -m scratchbert.training.pretrain ...`: the command's entry point
-    import sys
-
-    from scratchbert.commands.pretrain import main
-
-    sys.exit(main())

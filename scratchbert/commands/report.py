@@ -1,0 +1,36 @@
+"""How a command reports an error (the policy is in `scratchbert.errors`).
+
+A `ScratchBertError` is printed as one line, `scratchbert <command>: error: <what and how to
+fix it>`, with exit status 2; any other exception is a bug and propagates with its traceback.
+`SCRATCHBERT_DEBUG=1` (or `scratchbert --debug`) lets user errors raise with theirs too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable
+
+from scratchbert.errors import ScratchBertError
+
+DEBUG_VARIABLE = "SCRATCHBERT_DEBUG"
+
+
+def debugging() -> bool:
+    """Whether user errors should keep their traceback (`SCRATCHBERT_DEBUG` set to 1, true or yes)."""
+    return os.environ.get(DEBUG_VARIABLE, "").lower() in ("1", "true", "yes")
+
+
+def report_errors(run: Callable[[argparse.Namespace], int | None], args: argparse.Namespace, prog: str) -> int:
+    """Run a command; a user's error becomes one line on stderr and exit status 2."""
+    try:
+        return int(run(args) or 0)
+    except ScratchBertError as err:
+        if getattr(args, "debug", False) or debugging():
+            raise
+        print(f"{prog}: error: {err}", file=sys.stderr)
+        return 2
+
+
+__all__ = ["DEBUG_VARIABLE", "debugging", "report_errors"]
