@@ -21,7 +21,8 @@ from accelerate.state import AcceleratorState
 from scratchbert import ScratchBertConfig, ScratchBertForPreTraining
 from scratchbert.training import checkpoint as ckpt
 from scratchbert.training import pretrain as pretrain_module
-from scratchbert.training.config import PRESETS, PretrainConfig, add_config_arguments, config_from_args
+from scratchbert.training.config import PRESETS, PretrainConfig
+from scratchbert.training.config_file import add_config_arguments, config_from_args
 from scratchbert.ingestion import default_corpus_documents
 from scratchbert.training.pretrain import LOG_FILE, NonFiniteLossError, pretrain
 
@@ -126,15 +127,15 @@ def test_config_file_then_flags_override(tmp_path):
     config_file = tmp_path / "run.yaml"
     config_file.write_text(yaml.safe_dump({"preset": "mini", "learning-rate": 2e-4, "max_steps": 50, "train_files": ["a.txt"]}))
     parser = argparse.ArgumentParser()
-    add_config_arguments(parser)
+    add_config_arguments(parser, PretrainConfig)
 
-    from_file = config_from_args(parser.parse_args(["--config", str(config_file)]))
+    from_file = config_from_args(parser.parse_args(["--config", str(config_file)]), PretrainConfig)
     assert (from_file.preset, from_file.hidden_size, from_file.learning_rate, from_file.max_steps) == ("mini", 256, 2e-4, 50)
     assert from_file.train_files == ["a.txt"]
     assert from_file.batch_size == PretrainConfig.batch_size  # untouched fields keep their defaults
 
     overridden = config_from_args(
-        parser.parse_args(["--config", str(config_file), "--max-steps", "7", "--hidden-size", "512", "--no-lowercase"])
+        parser.parse_args(["--config", str(config_file), "--max-steps", "7", "--hidden-size", "512", "--no-lowercase"]), PretrainConfig
     )
     assert (overridden.max_steps, overridden.hidden_size, overridden.num_attention_heads, overridden.lowercase) == (7, 512, 8, False)
     assert overridden.learning_rate == 2e-4

@@ -19,9 +19,11 @@ import pytest
 import torch
 from accelerate.state import AcceleratorState
 
+from scratchbert.errors import ScratchBertError
 from scratchbert.training import checkpoint as ckpt
 from scratchbert.training import pretrain as pretrain_module
-from scratchbert.training.config import RECIPES, PretrainConfig, add_config_arguments, config_from_args
+from scratchbert.training.config import RECIPES, PretrainConfig
+from scratchbert.training.config_file import add_config_arguments, config_from_args
 from scratchbert.training.data import build_packed_dataset, pack_token_stream, tokenize_documents
 from scratchbert.training.pretrain import LOG_FILE, TimeBudgetSchedule, TrainingClock, pretrain
 
@@ -125,19 +127,24 @@ def test_recipes_set_their_options_and_flags_win():
 
 def test_command_line_recipe_flags(capsys):
     parser = argparse.ArgumentParser()
-    add_config_arguments(parser)
-    config = config_from_args(parser.parse_args(["--recipe", "paper", "--no-nsp", "--mlm-probability", "0.2", "--time-budget", "1.5"]))
+    add_config_arguments(parser, PretrainConfig)
+    config = config_from_args(parser.parse_args(["--recipe", "paper", "--no-nsp", "--mlm-probability", "0.2", "--time-budget", "1.5"]), PretrainConfig)
     assert (config.recipe, config.nsp, config.mlm_probability, config.time_budget) == ("paper", False, 0.2, 1.5)
     # One recipe option alone changes that option, not the recipe (it once read as a save from before recipes).
-    config = config_from_args(parser.parse_args(["--mlm-probability", "0.15"]))
+    config = config_from_args(parser.parse_args(["--mlm-probability", "0.15"]), PretrainConfig)
     assert (config.recipe, config.nsp, config.packing, config.mlm_probability, config.learning_rate) == ("packed", False, "full-sentences", 0.15, 2e-3)
     with pytest.raises(SystemExit):
         parser.parse_args(["--recipe", "roberta"])
     assert "invalid choice: 'roberta'" in capsys.readouterr().err
     parser.print_help()
     help_text = " ".join(capsys.readouterr().out.split())
-    assert "packed (default, the best measured on a small budget" in help_text
+    assert "packed (default: MLM only on contiguous text" in help_text and "docs/pretraining.md" in help_text
     assert "--time-budget" in help_text
+    # Grouped as transformers' example scripts group their arguments; the flags stay flat.
+    groups = help_text.split("model: size")[1]
+    model, rest = groups.split("data: the corpus")
+    data, training = rest.split("training: recipe")
+    assert "--hidden-size" in model and "--max-seq-length" in data and "--learning-rate" in training
 
 
 @pytest.mark.parametrize(
@@ -379,3 +386,37 @@ def test_a_run_saved_before_position_init_resumes_with_the_table_it_started_from
     assert ckpt.config_differences(old, loaded.to_dict()) == []
     assert ckpt.config_differences(old, PretrainConfig().to_dict()) == []
     assert ckpt.config_differences(old, PretrainConfig(position_init="sinusoidal").to_dict()) == ["position_init: checkpoint 'normal', now 'sinusoidal'"]
+
+
+def test_a_run_saved_before_config_version_resumes_as_it_trained(tmp_path):
+    """Saves carry `config_version`; a complete save without one (every run before it) loads, compares
+    equal to today's resolution of the same options, and resumes."""
+    current = PretrainConfig(recipe="paper", learning_rate=2e-3)
+    current.save(tmp_path / "new.json")
+    saved = json.loads((tmp_path / "new.json").read_text())
+    assert saved["config_version"] == PretrainConfig.VERSION
+    assert PretrainConfig.from_file(tmp_path / "new.json") == current
+    old = dict(saved)
+    del old["config_version"]
+    for name in ("adam_beta1", "adam_beta2", "finetune_dropout"):  # options newer than the oldest saves
+        del old[name]
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    assert PretrainConfig.from_file(tmp_path / "old.json") == current
+    assert ckpt.config_differences(old, current.to_dict()) == []
+    assert ckpt.config_differences(saved, current.to_dict()) == []
+    newer = {**saved, "config_version": PretrainConfig.VERSION + 1}
+    with pytest.raises(ScratchBertError, match="saved by a newer scratchbert"):
+        PretrainConfig.from_dict(newer)
+
+
+def test_print_config_shows_each_value_and_where_it_came_from(tmp_path, capsys):
+    from scratchbert.commands import main
+
+    (tmp_path / "run.yaml").write_text("max_steps: 50\nlearning_rate: 3.0e-4\n")
+    code = main(["pretrain", "--config", str(tmp_path / "run.yaml"), "--learning-rate", "1e-4", "--preset", "mini", "--print-config"])
+    assert code == 0
+    rows = {line.split()[0]: line.split()[1:] for line in capsys.readouterr().out.splitlines()[1:]}
+    assert rows["learning_rate"] == ["flag", "0.0001"] and rows["max_steps"] == ["file", "50"]
+    assert rows["mlm_probability"] == ["recipe", "0.3"] and rows["hidden_size"] == ["preset", "256"]
+    assert rows["batch_size"] == ["default", "32"] and rows["preset"][0] == "flag"
+    assert not (tmp_path / "runs").exists()

@@ -6,7 +6,7 @@ import argparse
 import json
 import logging
 
-from scratchbert.training.config import add_config_arguments, config_from_args
+from scratchbert.training.config_file import add_config_arguments, config_from_args
 from scratchbert.training.finetune import FinetuneConfig, finetune
 
 

@@ -11,7 +11,8 @@ import sys
 
 from accelerate import PartialState
 
-from scratchbert.training.config import add_config_arguments, config_from_args
+from scratchbert.training.config import PretrainConfig
+from scratchbert.training.config_file import add_config_arguments, format_sources, resolve_args
 from scratchbert.training.pretrain import DEMO_SENTENCES, pretrain, print_fill_mask
 
 from .report import report_errors
@@ -23,7 +24,10 @@ HELP = (
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_config_arguments(parser)
+    add_config_arguments(parser, PretrainConfig)
+    parser.add_argument(
+        "--print-config", action="store_true", help="print every option's value and where it came from (flag, file, recipe, preset, default), then exit"
+    )
     parser.add_argument(
         "--fill-mask",
         nargs="*",
@@ -40,7 +44,10 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    config = config_from_args(args)
+    config, sources = resolve_args(args, PretrainConfig)
+    if args.print_config:
+        print(format_sources(config, sources))
+        return 0
     result = pretrain(config)
     sentences = args.fill_mask
     if sentences is None:  # the demo's sentences suit the embedded corpus only

@@ -32,24 +32,12 @@ import shutil
 from pathlib import Path
 
 from scratchbert.errors import ScratchBertError
-from scratchbert.training.config import upgrade_saved_config
+from scratchbert.training.config import resumable_options, upgrade_saved_config
 
 CHECKPOINTS = "checkpoints"
 STATE_FILE = "trainer_state.json"
 TMP_PREFIX = ".tmp-"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
-
-# Options that may change when a run is resumed: they affect bookkeeping, not the
-# sequence of weights. Any other difference makes the checkpoint incompatible.
-RESUMABLE_CHANGES = frozenset(
-    {
-        "output_dir", "resume", "overwrite", "max_steps", "eval_every", "save_every", "keep_last",
-        "log_every", "report_to", "progress_bar", "num_workers", "max_eval_examples", "tokenizer", "vocab_size",
-        "lowercase", "finetune_dropout",
-    }
-)  # fmt: skip
-# (the tokenizer of a resumed run is the one saved in output_dir, so its options no longer matter)
-
 
 def checkpoint_dir(output_dir: str | Path, step: int) -> Path:
     return Path(output_dir) / CHECKPOINTS / f"step-{step}"
@@ -164,7 +152,7 @@ def read_trainer_state(path: str | Path) -> dict:
 def config_differences(saved: dict, current: dict) -> list[str]:
     """Options whose change would make a resumed run differ from the run that wrote the checkpoint."""
     saved = upgrade_saved_config(saved)
-    names = sorted((set(saved) | set(current)) - RESUMABLE_CHANGES)
+    names = sorted((set(saved) | set(current)) - resumable_options())
     return [
         f"{name}: checkpoint {saved.get(name)!r}, now {current.get(name)!r}"
         for name in names

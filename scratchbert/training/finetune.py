@@ -40,7 +40,7 @@ from scratchbert.errors import ScratchBertError
 from scratchbert.ingestion import load_named_dataset, load_table
 from scratchbert.modeling_scratchbert import IGNORE_INDEX
 from scratchbert.tokenization import load_tokenizer
-from scratchbert.training.config import ConfigFile
+from scratchbert.training.config_file import ConfigFile
 from scratchbert.weights import check_weights, model_folder, read_model_config, tensor_shape
 
 logger = logging.getLogger(__name__)

@@ -762,7 +762,7 @@ def after_step(run: Run, log: RunLog, clock: TrainingClock, progress, window: di
         window["start"] = time.perf_counter()
     if config.save_every and position.step % config.save_every == 0:
         clock.pause()
-        state = {**asdict(position), "num_processes": accelerator.num_processes, "model_vocab_size": run.vocab_size, "config": config.to_dict()}
+        state = {**asdict(position), "num_processes": accelerator.num_processes, "model_vocab_size": run.vocab_size, "config": config.to_saved_dict()}
         run.last_saved = str(ckpt.save_checkpoint(accelerator, run.output_dir, position.step, state, config.keep_last))
         clock.start()
         window["start"] = time.perf_counter()  # throughput counts training time only
