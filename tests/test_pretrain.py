@@ -21,6 +21,7 @@ from accelerate.state import AcceleratorState
 from scratchbert import ScratchBertConfig, ScratchBertForPreTraining
 from scratchbert.training import checkpoint as ckpt
 from scratchbert.training import pretrain as pretrain_module
+from scratchbert.training import schedules
 from scratchbert.training.config import PRESETS, PretrainConfig
 from scratchbert.training.config_file import add_config_arguments, config_from_args
 from scratchbert.ingestion import default_corpus_documents
@@ -166,7 +167,7 @@ def test_config_errors_are_clear(tmp_path):
 
 def test_no_weight_decay_on_biases_and_layernorm():
     model = ScratchBertForPreTraining(ScratchBertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64))
-    decay, no_decay = pretrain_module.parameter_groups(model, 0.01)
+    decay, no_decay = schedules.parameter_groups(model, 0.01)
     names = {id(p): n for n, p in model.named_parameters()}
     assert decay["weight_decay"] == 0.01 and no_decay["weight_decay"] == 0.0
     assert all(names[id(p)].endswith("bias") or "LayerNorm" in names[id(p)] for p in no_decay["params"])
@@ -175,7 +176,7 @@ def test_no_weight_decay_on_biases_and_layernorm():
 
 
 def test_learning_rate_warms_up_then_decays_linearly():
-    factor = pretrain_module.warmup_then_linear_decay(max_steps=10, warmup_steps=4)
+    factor = schedules.warmup_then_linear_decay(max_steps=10, warmup_steps=4)
     assert [round(factor(s), 4) for s in range(11)] == [0.25, 0.5, 0.75, 1.0, 1.0, 0.8333, 0.6667, 0.5, 0.3333, 0.1667, 0.0]
 
 

@@ -25,7 +25,8 @@ from scratchbert.training import pretrain as pretrain_module
 from scratchbert.training.config import RECIPES, PretrainConfig
 from scratchbert.training.config_file import add_config_arguments, config_from_args
 from scratchbert.training.data import build_packed_dataset, pack_token_stream, tokenize_documents
-from scratchbert.training.pretrain import LOG_FILE, TimeBudgetSchedule, TrainingClock, pretrain
+from scratchbert.training.pretrain import LOG_FILE, pretrain
+from scratchbert.training.schedules import TimeBudgetSchedule, TrainingClock
 
 # Ten topics of three words each: a document keeps to one topic, so the words around a mask
 # tell which three words it can be, while the corpus-wide most frequent token is "." (1 in 11).

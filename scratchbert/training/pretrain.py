@@ -6,25 +6,24 @@ One loop, the same on a laptop core or a cluster, written with Hugging Face Acce
     accelerate launch -m scratchbert.commands.pretrain ...   # as many processes as `accelerate config` says
     accelerate launch scripts/pretrain.py ...                 # the same, through the thin script
 
-`pretrain(config)` reads as five steps, each a function below:
+`pretrain(config)` reads as four steps, each a function below:
 
   1. `setup`     `PretrainConfig` -> an `Accelerator`; the corpus, the tokenizer and the
-                 example datasets are built and checked *before* the output folder is
-                 touched (a bad input never damages a finished run); then the folder is
+                 example datasets (`corpus.py`) are built and checked *before* the output
+                 folder is touched (a bad input never damages a finished run); then the folder is
                  prepared, and the model (`ScratchBertForMaskedLM`, or with NSP
                  `ScratchBertForPreTraining`), AdamW and the schedule (over steps or, with
-                 `--time-budget`, over elapsed training time) are made and `prepare`d.
+                 `--time-budget`, over elapsed training time: `schedules.py`) are made and `prepare`d.
                  The recipe (config.RECIPES) decides what the examples are: contiguous
                  text packed to full length (`packed`, the default) or NSP sentence pairs
                  (`paper`).
   2. `resume`    with `--resume`, the latest checkpoint's weights, optimizer, schedule,
                  RNG states and position in the data.
   3. `train`     `accumulate` / `backward` / clip / step, until max_steps or the budget;
-                 each optimizer step then logs, evaluates and checkpoints on its schedule
-                 (`Run.after_step`).
-  4. `evaluate`  held-out MLM loss / accuracy / perplexity (and NSP accuracy), at 15%
-                 masking whatever the training rate.
-  5. `finish`    `save_pretrained` of model and tokenizer (loadable with the Auto classes
+                 each optimizer step then logs, evaluates (`evaluation.py`: held-out MLM
+                 loss / accuracy / perplexity and NSP accuracy, at 15% masking whatever the
+                 training rate) and checkpoints on its schedule (`after_step`).
+  4. `finish`    `save_pretrained` of model and tokenizer (loadable with the Auto classes
                  and `pipeline("fill-mask")`), a PNG of the curves, and an orderly
                  shutdown of the processes.
 
@@ -49,21 +48,29 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from accelerate import Accelerator
 from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration, set_seed
 from torch.utils.data import DataLoader
 
 from scratchbert.errors import NonFiniteLossError, ScratchBertError
 from scratchbert.training import checkpoint as ckpt
-from scratchbert.training.collator import IGNORE_INDEX, MODEL_INPUTS, DataCollatorForPretraining, IndexedDataset, SeededCollator
-from scratchbert.training.config import DEFAULT_VOCAB_SIZE, PretrainConfig
+from scratchbert.training.collator import SeededCollator
+from scratchbert.training.config import PretrainConfig
+from scratchbert.training.corpus import (
+    TOKENIZER_DIR,
+    build_datasets,
+    check_vocabulary,
+    load_corpus,
+    load_or_train_tokenizer,
+    make_dataloaders,
+    split_documents,
+)
+from scratchbert.training.evaluation import evaluate, weight_checksum
+from scratchbert.training.schedules import TimeBudgetSchedule, TrainingClock, make_scheduler, parameter_groups
 
 LOG_FILE = "train_log.jsonl"
 CURVES_FILE = "training_curves.png"
-TOKENIZER_DIR = "tokenizer"
 CONFIG_FILE = "pretrain_config.json"
-EVAL_MLM_PROBABILITY = 0.15  # held-out MLM accuracy is always measured at BERT's masking rate
 # What a finished run leaves in its folder besides checkpoints/ (the model, its tokenizer, the record).
 FINAL_FILES = ("config.json", "model.safetensors", "pytorch_model.bin", "generation_config.json", LOG_FILE, CURVES_FILE)
 
@@ -184,165 +191,7 @@ def prepare_output_dir(config: PretrainConfig, accelerator: Accelerator, tokeniz
 
 
 # ---------------------------------------------------------------------------------------------
-# 3. Data: corpus -> tokenizer -> examples -> batches
-# ---------------------------------------------------------------------------------------------
-def load_corpus(config: PretrainConfig) -> list[str]:
-    """The run's documents: --train-files, --dataset, or the embedded default corpus."""
-    from scratchbert import ingestion
-
-    if config.train_files:
-        documents = ingestion.load_documents(config.train_files, text_column=config.text_column)["text"]
-    elif config.dataset:
-        documents = ingestion.load_documents(config.dataset, text_column=config.text_column)["text"]
-    else:
-        documents = ingestion.default_corpus_documents()
-    documents = [doc for doc in documents if doc.strip()]
-    if not documents:
-        raise ScratchBertError("the training corpus holds no text: check --train-files / --dataset.")
-    return documents
-
-
-def split_documents(documents: list[str], eval_fraction: float, seed: int) -> tuple[list[str], list[str]]:
-    """Hold out whole documents (never halves of one) for evaluation, chosen by a seeded shuffle."""
-    if len(documents) < 4:
-        raise ScratchBertError(
-            f"the corpus has {len(documents)} document(s); NSP needs several documents for random "
-            "'NotNext' partners and a held-out split needs at least 2 more. Add text or split it into documents "
-            "(blank lines separate documents in text files)."
-        )
-    order = torch.randperm(len(documents), generator=torch.Generator().manual_seed(seed)).tolist()
-    n_eval = max(2, round(eval_fraction * len(documents)))
-    held_out = sorted(order[:n_eval])
-    kept = sorted(order[n_eval:])
-    return [documents[i] for i in kept], [documents[i] for i in held_out]
-
-
-def load_or_train_tokenizer(config: PretrainConfig, accelerator: Accelerator, resuming: bool, texts):
-    """The run's tokenizer: the run's own copy when resuming; `--tokenizer`; or one trained on `texts()`.
-
-    Nothing is written here. With several processes the main process trains it and hands
-    it to the others through a temporary folder beside the run's (removed right after).
-    """
-    from scratchbert.tokenization import load_tokenizer, train_tokenizer
-
-    own_copy = Path(config.output_dir) / TOKENIZER_DIR
-    if resuming and own_copy.is_dir():
-        return load_tokenizer(own_copy)
-    if config.tokenizer:
-        return load_tokenizer(config.tokenizer, max_length=config.max_position_embeddings)
-    handover = Path(config.output_dir).parent / f".tmp-tokenizer-{Path(config.output_dir).name}"
-    if accelerator.is_main_process:
-        tokenizer = train_tokenizer(
-            texts(),
-            vocab_size=config.vocab_size or DEFAULT_VOCAB_SIZE,
-            lowercase=config.lowercase,
-            model_max_length=config.max_position_embeddings,
-            show_progress=False,
-        )
-        if accelerator.num_processes > 1:
-            tokenizer.save_pretrained(handover)
-    accelerator.wait_for_everyone()
-    if not accelerator.is_main_process:
-        tokenizer = load_tokenizer(handover)
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process and handover.exists():
-        shutil.rmtree(handover)
-    return tokenizer
-
-
-def check_vocabulary(tokenizer, model_config) -> None:
-    """The tokenizer's ids must index the model's embedding table one to one."""
-    if len(tokenizer) != model_config.vocab_size:
-        raise ScratchBertError(
-            f"the tokenizer has {len(tokenizer)} tokens but the model's vocab_size is {model_config.vocab_size}: "
-            "ids would index the wrong (or no) embedding rows. Use the tokenizer the model was built for, or "
-            "set --vocab-size to the tokenizer's size (or leave it out)."
-        )
-    if tokenizer.pad_token_id != model_config.pad_token_id:
-        raise ScratchBertError(
-            f"the tokenizer's [PAD] id is {tokenizer.pad_token_id} but the model's pad_token_id is {model_config.pad_token_id}."
-        )
-
-
-def build_datasets(config: PretrainConfig, tokenizer, train_docs: list[str], eval_docs: list[str]):
-    """Example datasets for training and evaluation (`datasets.Dataset`s), as `config.packing` says.
-
-    full-sentences: the documents' text packed into examples of exactly max_seq_length
-    tokens (`build_packed_dataset`); dynamic masking makes each epoch new.
-    sentence-pairs: the documents are tokenized once and paired `dupe_factor` times with
-    different seeds (as BERT's create_pretraining_data.py does): each copy cuts the
-    documents into other A/B segments and draws other NotNext partners, so a small corpus
-    offers more distinct sentence pairs than one pass over it would. Without NSP every B
-    is the text that follows A.
-    """
-    import datasets
-
-    from scratchbert.training.data import build_packed_dataset, build_pretraining_dataset, tokenize_documents
-
-    def examples(tokenized, seed: int):
-        if config.packing == "full-sentences":
-            return build_packed_dataset(tokenized, tokenizer, max_seq_length=config.max_seq_length)
-        pairing = {"max_seq_length": config.max_seq_length, "short_seq_prob": config.short_seq_prob}
-        return build_pretraining_dataset(tokenized, tokenizer, seed=seed, nsp_probability=0.5 if config.nsp else 0.0, **pairing)
-
-    splits = []
-    for name, docs, copies, seed in (
-        ("training", train_docs, config.dupe_factor if config.packing == "sentence-pairs" else 1, config.seed),
-        ("held-out", eval_docs, 1, config.seed + 10_000),  # a seed no training copy uses
-    ):
-        tokenized = tokenize_documents(docs, tokenizer)
-        try:
-            dataset = datasets.concatenate_datasets([examples(tokenized, seed + copy) for copy in range(copies)])
-        except ValueError as err:
-            raise ScratchBertError(f"the {name} split ({len(docs)} documents): {err}") from None
-        if len(dataset) == 0:
-            raise ScratchBertError(
-                f"the {name} split produced no examples ({len(docs)} documents): the text is too short for "
-                f"examples of up to {config.max_seq_length} tokens. Add text or lower --max-seq-length"
-                + (" / raise --eval-fraction." if name == "held-out" else ".")
-            )
-        splits.append(dataset)
-    train_dataset, eval_dataset = splits
-    if config.max_eval_examples and len(eval_dataset) > config.max_eval_examples:
-        # A spread-out, fixed subset, so evaluation costs the same at every step and on every run.
-        step = len(eval_dataset) / config.max_eval_examples
-        eval_dataset = eval_dataset.select([int(i * step) for i in range(config.max_eval_examples)])
-    return train_dataset, eval_dataset
-
-
-def make_dataloaders(config: PretrainConfig, tokenizer, train_dataset, eval_dataset):
-    def collator(mlm_probability: float):
-        return DataCollatorForPretraining(tokenizer, mlm_probability=mlm_probability, whole_word_mask=config.whole_word_mask)
-
-    # Without NSP the model takes no next_sentence_label (sentence pairs still carry one).
-    inputs = MODEL_INPUTS if config.nsp else tuple(name for name in MODEL_INPUTS if name != "next_sentence_label")
-    train_collate = SeededCollator(collator(config.mlm_probability), config.seed, model_inputs=inputs)
-    # Fixed masks at BERT's 15% whatever the training rate: every evaluation, and every
-    # recipe, is scored on the same kind of task.
-    eval_collate = SeededCollator(collator(EVAL_MLM_PROBABILITY), config.seed + 1, model_inputs=inputs)
-    # Each DataLoader gets its own generator: starting an iteration draws a worker base seed
-    # from it, and from torch's global RNG (dropout's stream) if it had none — which would
-    # shift dropout in a resumed run, since it starts iterating at a different moment.
-    train_loader = DataLoader(
-        IndexedDataset(train_dataset),
-        batch_size=config.batch_size,
-        shuffle=True,
-        collate_fn=train_collate,
-        num_workers=config.num_workers,
-        generator=torch.Generator().manual_seed(config.seed),
-    )
-    eval_loader = DataLoader(
-        IndexedDataset(eval_dataset),
-        batch_size=config.batch_size,
-        collate_fn=eval_collate,
-        num_workers=config.num_workers,
-        generator=torch.Generator().manual_seed(config.seed + 1),
-    )
-    return train_loader, eval_loader, train_collate
-
-
-# ---------------------------------------------------------------------------------------------
-# 4. Model, optimizer, schedule
+# 3. The model
 # ---------------------------------------------------------------------------------------------
 def build_model(config: PretrainConfig, tokenizer, vocab_size: int, model_class=None, config_class=None):
     """A freshly initialised pretraining model of `vocab_size` tokens, checked against the tokenizer.
@@ -372,10 +221,9 @@ def init_positions_sinusoidal(table: torch.nn.Embedding, std: float) -> None:
     stays a learned parameter under the same name; only its starting values change. At the
     start every position is then a rotation of its neighbours (a linear map takes row p to row
     p+k), so attention can look "one to the left" from the first steps, where from N(0, std)
-    noise the model has to discover that order first. Measured on `mini` (docs/pretraining.md):
-    masked-LM accuracy leaves its bag-of-words plateau ~1,800 steps sooner, but a classifier
-    fine-tuned from the 15-minute model scored 4-5 points lower, so this is `--position-init
-    sinusoidal`, not the default.
+    noise the model has to discover that order first. What that bought and cost when measured
+    (docs/pretraining.md, "The second plateau") is why this is `--position-init sinusoidal`,
+    not the default.
     """
     rows, width = table.weight.shape
     position = torch.arange(rows, dtype=torch.float32)[:, None]  # (P, 1)
@@ -386,137 +234,8 @@ def init_positions_sinusoidal(table: torch.nn.Embedding, std: float) -> None:
     table.weight[:, 1::2] = amplitude * torch.cos(angles[:, : width // 2])
 
 
-def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
-    """AdamW groups: decay matrices, but not biases or LayerNorm weights (as in BERT).
-
-    Decay pulls weights towards 0; for a bias or a LayerNorm gain that is a bias
-    towards "no offset" / "scale 0", which only hurts.
-    """
-    no_decay = set()
-    for module in model.modules():
-        for name, parameter in module.named_parameters(recurse=False):
-            if isinstance(module, torch.nn.LayerNorm) or name == "bias" or name.endswith("bias"):
-                no_decay.add(id(parameter))
-    decay = [p for p in model.parameters() if p.requires_grad and id(p) not in no_decay]
-    keep = [p for p in model.parameters() if p.requires_grad and id(p) in no_decay]
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": keep, "weight_decay": 0.0}]
-
-
-def warmup_then_linear_decay(max_steps: int, warmup_steps: int):
-    """Learning-rate multiplier: 0 -> 1 over `warmup_steps`, then 1 -> 0 at `max_steps`."""
-
-    def factor(step: int) -> float:
-        if step < warmup_steps:
-            return (step + 1) / warmup_steps
-        return max(0.0, (max_steps - step) / max(1, max_steps - warmup_steps))
-
-    return factor
-
-
-class TimeBudgetSchedule:
-    """Learning-rate multiplier of a time-budgeted run: the same warmup and decay, on elapsed time.
-
-    As in "How to Train BERT with an Academic Budget" (Izsak et al. 2021): the rate rises
-    linearly over the first `warmup_ratio` of the budget and falls linearly to 0 at its
-    end, so the run ends annealed whatever speed the machine has. The loop sets
-    `elapsed` (seconds of training, the same on every process) before each scheduler step.
-    """
-
-    def __init__(self, budget_seconds: float, warmup_ratio: float):
-        self.budget_seconds = budget_seconds
-        self.warmup_ratio = warmup_ratio
-        self.elapsed = 0.0
-
-    def __call__(self, step: int) -> float:
-        progress = min(self.elapsed / self.budget_seconds, 1.0)
-        if progress < self.warmup_ratio:
-            return max(progress / self.warmup_ratio, 1e-3)  # never exactly 0: the first step must move
-        return max(0.0, (1.0 - progress) / max(1e-9, 1.0 - self.warmup_ratio))
-
-
-class TrainingClock:
-    """Seconds spent training, carried over when a run is resumed.
-
-    Evaluation and checkpoint writing are left out (`pause` / `start` around them), so a
-    budget buys the same amount of training whatever the bookkeeping costs. `timer` is
-    injectable so tests can run a budget on a clock of their own.
-    """
-
-    def __init__(self, elapsed: float = 0.0, timer=time.perf_counter):
-        self.timer = timer
-        self._elapsed = elapsed
-        self._since: float | None = None
-
-    def start(self) -> None:
-        if self._since is None:
-            self._since = self.timer()
-
-    def pause(self) -> None:
-        if self._since is not None:
-            self._elapsed += self.timer() - self._since
-            self._since = None
-
-    def seconds(self) -> float:
-        return self._elapsed + (self.timer() - self._since if self._since is not None else 0.0)
-
-
 # ---------------------------------------------------------------------------------------------
-# 5. Evaluation
-# ---------------------------------------------------------------------------------------------
-@torch.no_grad()
-def evaluate(model, eval_loader, accelerator: Accelerator) -> dict:
-    """MLM loss / accuracy / perplexity, and NSP accuracy when the model has NSP, over the held-out split.
-
-    Each process scores its shard; `gather_for_metrics` collects per-example counts from
-    all processes and drops the examples Accelerate repeated to even out the shards.
-    """
-    model.eval()
-    unwrapped = accelerator.unwrap_model(model)  # the encoder and heads by name (BERT's: .bert, .cls)
-    totals = torch.zeros(5, dtype=torch.float64, device=accelerator.device)
-    has_nsp = False
-    for batch in eval_loader:
-        labels = batch["labels"]
-        has_nsp = "next_sentence_label" in batch
-        inputs = {name: batch[name] for name in ("input_ids", "attention_mask", "token_type_ids")}
-        with accelerator.autocast():
-            encoded = unwrapped.bert(**inputs)
-            masked = labels != IGNORE_INDEX  # (B, S)
-            # The MLM head only where a label is: (N, V) scores instead of (B, S, V).
-            logits = unwrapped.cls.predictions(encoded.last_hidden_state[masked]).float()  # (N, V)
-            nsp_logits = unwrapped.cls.seq_relationship(encoded.pooler_output) if has_nsp else None  # (B, 2)
-        row = torch.nonzero(masked)[:, 0]  # (N,) the example each scored token belongs to
-        token_loss = F.cross_entropy(logits, labels[masked], reduction="none")  # (N,)
-        hits = (logits.argmax(dim=-1) == labels[masked]).double()  # (N,)
-        zeros = torch.zeros(labels.shape[0], dtype=torch.float64, device=labels.device)  # (B,)
-        nsp_correct = (nsp_logits.argmax(dim=-1) == batch["next_sentence_label"]).double() if has_nsp else zeros
-        per_example = torch.stack(
-            [
-                zeros.index_add(0, row, token_loss.double()),
-                masked.sum(dim=1).double(),
-                zeros.index_add(0, row, hits),
-                nsp_correct,
-                torch.ones_like(zeros),
-            ],
-            dim=1,
-        )  # (B, 5)
-        totals += accelerator.gather_for_metrics(per_example).sum(dim=0)
-    model.train()
-    loss_sum, n_masked, n_correct, nsp_correct, n_examples = totals.tolist()
-    mlm_loss = loss_sum / max(n_masked, 1.0)
-    metrics = {
-        "mlm_loss": mlm_loss,
-        "mlm_accuracy": n_correct / max(n_masked, 1.0),
-        "perplexity": math.exp(min(mlm_loss, 50.0)),
-        "eval_examples": int(n_examples),
-        "eval_masked_tokens": int(n_masked),
-    }
-    if has_nsp:
-        metrics["nsp_accuracy"] = nsp_correct / max(n_examples, 1.0)
-    return metrics
-
-
-# ---------------------------------------------------------------------------------------------
-# 6. Logging
+# 4. Logging
 # ---------------------------------------------------------------------------------------------
 class RunLog:
     """The always-on JSONL log (main process) plus Accelerate's trackers."""
@@ -542,18 +261,8 @@ class RunLog:
         self.accelerator.log(numbers, step=record.get("step"))
 
 
-def weight_checksum(model: torch.nn.Module) -> float:
-    """A number that differs when any weight differs (to confirm all processes agree)."""
-    total = torch.zeros((), dtype=torch.float64)
-    for index, parameter in enumerate(model.parameters()):
-        total += (parameter.detach().double().cpu().flatten() * (1.0 + 1e-3 * index)).sum()
-    return total.item()
-
-
-
-
 # ---------------------------------------------------------------------------------------------
-# 7. The run, in steps: setup -> resume -> train -> finish
+# 5. The run, in steps: setup -> resume -> train -> finish
 # ---------------------------------------------------------------------------------------------
 @dataclass
 class Position:
@@ -641,13 +350,7 @@ def setup(config: PretrainConfig, model_class=None, config_class=None) -> tuple[
         betas=(config.adam_beta1, config.adam_beta2),
         eps=config.adam_epsilon,
     )
-    if config.time_budget is not None:
-        budget_schedule = TimeBudgetSchedule(60.0 * config.time_budget, config.warmup_ratio)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, budget_schedule)
-    else:
-        budget_schedule = None
-        warmup_steps = max(1, round(config.warmup_ratio * config.max_steps))
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_then_linear_decay(config.max_steps, warmup_steps))
+    scheduler, budget_schedule = make_scheduler(optimizer, config.max_steps, config.warmup_ratio, config.time_budget)
     model, optimizer, train_loader, eval_loader, scheduler = accelerator.prepare(
         model, optimizer, train_loader, eval_loader, scheduler
     )
@@ -936,7 +639,7 @@ def save_final_model(accelerator: Accelerator, model, tokenizer, output_dir: Pat
 
 
 # ---------------------------------------------------------------------------------------------
-# 8. Showing what the model learned
+# 6. Showing what the model learned
 # ---------------------------------------------------------------------------------------------
 def print_fill_mask(model_dir: str | Path, sentences, top_k: int = 5) -> None:
     """The saved model's top guesses at each sentence's [MASK], loaded back from disk as a user would."""

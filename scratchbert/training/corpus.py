@@ -1,0 +1,174 @@
+"""A pretraining run's inputs: corpus -> held-out split -> tokenizer -> examples -> batches.
+
+Everything here only reads: the corpus (`--train-files`, `--dataset`, or the embedded
+default), the tokenizer (the run's own copy when resuming, `--tokenizer`, or one trained on
+the training split) and the example datasets are built and checked before the run's output
+folder is touched, so a bad input never damages a finished run.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import datasets
+import torch
+from accelerate import Accelerator
+from torch.utils.data import DataLoader
+
+from scratchbert import ingestion
+from scratchbert.errors import ScratchBertError
+from scratchbert.tokenization import load_tokenizer, train_tokenizer
+from scratchbert.training.collator import MODEL_INPUTS, DataCollatorForPretraining, IndexedDataset, SeededCollator
+from scratchbert.training.config import DEFAULT_VOCAB_SIZE, PretrainConfig
+from scratchbert.training.data import build_packed_dataset, build_pretraining_dataset, tokenize_documents
+from scratchbert.training.evaluation import EVAL_MLM_PROBABILITY
+
+TOKENIZER_DIR = "tokenizer"  # the run's own tokenizer, in its output folder
+
+
+def load_corpus(config: PretrainConfig) -> list[str]:
+    """The run's documents: --train-files, --dataset, or the embedded default corpus."""
+    if config.train_files:
+        documents = ingestion.load_documents(config.train_files, text_column=config.text_column)["text"]
+    elif config.dataset:
+        documents = ingestion.load_documents(config.dataset, text_column=config.text_column)["text"]
+    else:
+        documents = ingestion.default_corpus_documents()
+    documents = [doc for doc in documents if doc.strip()]
+    if not documents:
+        raise ScratchBertError("the training corpus holds no text: check --train-files / --dataset.")
+    return documents
+
+
+def split_documents(documents: list[str], eval_fraction: float, seed: int) -> tuple[list[str], list[str]]:
+    """Hold out whole documents (never halves of one) for evaluation, chosen by a seeded shuffle."""
+    if len(documents) < 4:
+        raise ScratchBertError(
+            f"the corpus has {len(documents)} document(s); NSP needs several documents for random "
+            "'NotNext' partners and a held-out split needs at least 2 more. Add text or split it into documents "
+            "(blank lines separate documents in text files)."
+        )
+    order = torch.randperm(len(documents), generator=torch.Generator().manual_seed(seed)).tolist()
+    n_eval = max(2, round(eval_fraction * len(documents)))
+    held_out = sorted(order[:n_eval])
+    kept = sorted(order[n_eval:])
+    return [documents[i] for i in kept], [documents[i] for i in held_out]
+
+
+def load_or_train_tokenizer(config: PretrainConfig, accelerator: Accelerator, resuming: bool, texts):
+    """The run's tokenizer: the run's own copy when resuming; `--tokenizer`; or one trained on `texts()`.
+
+    Nothing is written here. With several processes the main process trains it and hands
+    it to the others through a temporary folder beside the run's (removed right after).
+    """
+    own_copy = Path(config.output_dir) / TOKENIZER_DIR
+    if resuming and own_copy.is_dir():
+        return load_tokenizer(own_copy)
+    if config.tokenizer:
+        return load_tokenizer(config.tokenizer, max_length=config.max_position_embeddings)
+    handover = Path(config.output_dir).parent / f".tmp-tokenizer-{Path(config.output_dir).name}"
+    if accelerator.is_main_process:
+        tokenizer = train_tokenizer(
+            texts(),
+            vocab_size=config.vocab_size or DEFAULT_VOCAB_SIZE,
+            lowercase=config.lowercase,
+            model_max_length=config.max_position_embeddings,
+            show_progress=False,
+        )
+        if accelerator.num_processes > 1:
+            tokenizer.save_pretrained(handover)
+    accelerator.wait_for_everyone()
+    if not accelerator.is_main_process:
+        tokenizer = load_tokenizer(handover)
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process and handover.exists():
+        shutil.rmtree(handover)
+    return tokenizer
+
+
+def check_vocabulary(tokenizer, model_config) -> None:
+    """The tokenizer's ids must index the model's embedding table one to one."""
+    if len(tokenizer) != model_config.vocab_size:
+        raise ScratchBertError(
+            f"the tokenizer has {len(tokenizer)} tokens but the model's vocab_size is {model_config.vocab_size}: "
+            "ids would index the wrong (or no) embedding rows. Use the tokenizer the model was built for, or "
+            "set --vocab-size to the tokenizer's size (or leave it out)."
+        )
+    if tokenizer.pad_token_id != model_config.pad_token_id:
+        raise ScratchBertError(
+            f"the tokenizer's [PAD] id is {tokenizer.pad_token_id} but the model's pad_token_id is {model_config.pad_token_id}."
+        )
+
+
+def build_datasets(config: PretrainConfig, tokenizer, train_docs: list[str], eval_docs: list[str]):
+    """Example datasets for training and evaluation (`datasets.Dataset`s), as `config.packing` says.
+
+    full-sentences: the documents' text packed into examples of exactly max_seq_length
+    tokens (`build_packed_dataset`); dynamic masking makes each epoch new.
+    sentence-pairs: the documents are tokenized once and paired `dupe_factor` times with
+    different seeds (as BERT's create_pretraining_data.py does): each copy cuts the
+    documents into other A/B segments and draws other NotNext partners, so a small corpus
+    offers more distinct sentence pairs than one pass over it would. Without NSP every B
+    is the text that follows A.
+    """
+    def examples(tokenized, seed: int):
+        if config.packing == "full-sentences":
+            return build_packed_dataset(tokenized, tokenizer, max_seq_length=config.max_seq_length)
+        pairing = {"max_seq_length": config.max_seq_length, "short_seq_prob": config.short_seq_prob}
+        return build_pretraining_dataset(tokenized, tokenizer, seed=seed, nsp_probability=0.5 if config.nsp else 0.0, **pairing)
+
+    splits = []
+    for name, docs, copies, seed in (
+        ("training", train_docs, config.dupe_factor if config.packing == "sentence-pairs" else 1, config.seed),
+        ("held-out", eval_docs, 1, config.seed + 10_000),  # a seed no training copy uses
+    ):
+        tokenized = tokenize_documents(docs, tokenizer)
+        try:
+            dataset = datasets.concatenate_datasets([examples(tokenized, seed + copy) for copy in range(copies)])
+        except ValueError as err:
+            raise ScratchBertError(f"the {name} split ({len(docs)} documents): {err}") from None
+        if len(dataset) == 0:
+            raise ScratchBertError(
+                f"the {name} split produced no examples ({len(docs)} documents): the text is too short for "
+                f"examples of up to {config.max_seq_length} tokens. Add text or lower --max-seq-length"
+                + (" / raise --eval-fraction." if name == "held-out" else ".")
+            )
+        splits.append(dataset)
+    train_dataset, eval_dataset = splits
+    if config.max_eval_examples and len(eval_dataset) > config.max_eval_examples:
+        # A spread-out, fixed subset, so evaluation costs the same at every step and on every run.
+        step = len(eval_dataset) / config.max_eval_examples
+        eval_dataset = eval_dataset.select([int(i * step) for i in range(config.max_eval_examples)])
+    return train_dataset, eval_dataset
+
+
+def make_dataloaders(config: PretrainConfig, tokenizer, train_dataset, eval_dataset):
+    def collator(mlm_probability: float):
+        return DataCollatorForPretraining(tokenizer, mlm_probability=mlm_probability, whole_word_mask=config.whole_word_mask)
+
+    # Without NSP the model takes no next_sentence_label (sentence pairs still carry one).
+    inputs = MODEL_INPUTS if config.nsp else tuple(name for name in MODEL_INPUTS if name != "next_sentence_label")
+    train_collate = SeededCollator(collator(config.mlm_probability), config.seed, model_inputs=inputs)
+    # Fixed masks at BERT's 15% whatever the training rate: every evaluation, and every
+    # recipe, is scored on the same kind of task.
+    eval_collate = SeededCollator(collator(EVAL_MLM_PROBABILITY), config.seed + 1, model_inputs=inputs)
+    # Each DataLoader gets its own generator: starting an iteration draws a worker base seed
+    # from it, and from torch's global RNG (dropout's stream) if it had none — which would
+    # shift dropout in a resumed run, since it starts iterating at a different moment.
+    train_loader = DataLoader(
+        IndexedDataset(train_dataset),
+        batch_size=config.batch_size,
+        shuffle=True,
+        collate_fn=train_collate,
+        num_workers=config.num_workers,
+        generator=torch.Generator().manual_seed(config.seed),
+    )
+    eval_loader = DataLoader(
+        IndexedDataset(eval_dataset),
+        batch_size=config.batch_size,
+        collate_fn=eval_collate,
+        num_workers=config.num_workers,
+        generator=torch.Generator().manual_seed(config.seed + 1),
+    )
+    return train_loader, eval_loader, train_collate
