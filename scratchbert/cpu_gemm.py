@@ -24,16 +24,23 @@ figures), so instead of a rule per CPU this module times the candidates:
 The first time a product of a given kind meets a shape bucket (rows rounded up to a power of two,
 K, N), a dtype and a mode (training or inference), each available candidate runs a few times on
 random operands of that shape (a bounded microbenchmark: `MEASURE_FLOPS` per call, at most
-`MEASURE_ROUNDS` rounds, ~0.05-0.3 s per bucket), its result is checked against torch's own, and the
-fastest is kept for the rest of the process: a candidate that raises or disagrees is never chosen,
-and one must beat "mkl" by `MARGIN` to be chosen at all. Decisions also persist in a JSON file
-when `SCRATCHBERT_GEMM_CACHE` names one (keyed by CPU, torch version and thread count).
+`MEASURE_ROUNDS` rounds, ~0.05-0.3 s per bucket), and its result is checked against torch's own:
+a candidate that raises or disagrees is never chosen, and one must beat "mkl" by `MARGIN` to be
+proposed at all. A proposal is only that: the microbenchmark's operands are cut to fewer rows and
+sit warm in cache, a model's are not. The next real calls of that bucket alternate between the
+proposal and torch's own call, `CONFIRM_CALLS` timed calls each, and the proposal is kept for the
+rest of the process only if it was `MARGIN` faster on those calls too (`_Trial`). Decisions also
+persist in a JSON file when `SCRATCHBERT_GEMM_CACHE` names one (keyed by CPU, torch version and
+thread count).
 `SCRATCHBERT_GEMM=mkl` turns all of this off (every product on torch's own call, the plain path),
 `SCRATCHBERT_GEMM=onednn` forces oneDNN, `auto` (the default) measures.
 
 Nothing is rerouted off the CPU, for dtypes other than fp32 and bf16, for products too small to
 matter (`MIN_FLOPS`), under a tracer or compiler (torch.compile, torch.export, ONNX export record
-the plain `F.linear`), or where this torch has no oneDNN (then only "mkl" and "fp32" remain).
+the plain `F.linear`), or on a CPU that is not x86-64 (aarch64 has no MKL and another oneDNN
+build: every product is torch's own call there). Where this torch has no oneDNN, or oneDNN cannot
+multiply in a dtype on this CPU (bf16 without AVX-512 BF16/AVX-512BW, found by one trial call,
+`runnable`), only the kernels that can remain.
 
 Three choices still follow the CPU's reported capabilities (`torch.cpu.get_capabilities()`; an
 unknown capability means "do not reroute"), each measured on the CPU it applies to:
@@ -44,9 +51,13 @@ unknown capability means "do not reroute"), each measured on the CPU it applies 
 
 from __future__ import annotations
 
+import functools
 import json
+import logging
 import math
 import os
+import platform
+import statistics
 import time
 import warnings
 import weakref
@@ -59,14 +70,24 @@ from torch import nn
 
 from .bert_padding import is_tracing
 
+logger = logging.getLogger(__name__)
+
 # --------------------------------------------------------------------------------------------
 # What this CPU and this torch report
 # --------------------------------------------------------------------------------------------
+# The kernels below, and the capability rules at the end of this file, were measured and tested on
+# x86-64 CPUs (Intel with AMX; AMD Zen 3, 4 and 5). Elsewhere (aarch64: no MKL, another oneDNN
+# build) the CPU counts as unknown and every product takes torch's own call.
+KNOWN_ARCHITECTURES = ("x86_64", "amd64")
+
+
 def _capabilities() -> dict | None:
-    """`torch.cpu.get_capabilities()` (public since torch 2.6), or None where torch cannot say."""
+    """`torch.cpu.get_capabilities()` (public since torch 2.6) on x86-64, or None where torch cannot say."""
     get = getattr(torch.cpu, "get_capabilities", None)
+    if get is None or platform.machine().lower() not in KNOWN_ARCHITECTURES:
+        return None
     try:
-        return get() if get is not None else None
+        return get()
     except Exception:  # noqa: BLE001 -- an unreadable CPU is an unknown one
         return None
 
@@ -82,11 +103,46 @@ def _onednn_available() -> bool:
 
 
 CAPABILITIES: dict | None = _capabilities()
-AMX_BF16: bool = bool(CAPABILITIES and CAPABILITIES.get("amx_bf16", False))
-# None: unknown (the choices that depend on it are then not made).
-BF16_UNITS: bool | None = None if CAPABILITIES is None else bool(
-    CAPABILITIES.get("amx_bf16", False) or CAPABILITIES.get("avx512_bf16", False))
 ONEDNN: bool = _onednn_available()
+
+
+@functools.cache
+def runnable(kernel: str, dtype: torch.dtype) -> bool:
+    """Whether `kernel` can multiply in `dtype` on this CPU: found once, by one small trial call.
+
+    A CPU's flags do not settle it: oneDNN's bf16 kernels need AVX-512 BF16/AVX-512BW or
+    AVX-NE-CONVERT, and oneDNN can be held below the CPU's own instruction set
+    (`ONEDNN_MAX_CPU_ISA`). A kernel that raises, or disagrees with torch's own call, is left out
+    quietly: one debug line, no warning per shape.
+    """
+    if kernel == "mkl":
+        return True
+    if kernel == "fp32":
+        return dtype == torch.bfloat16
+    if kernel not in ("onednn", "onednn-packed") or not ONEDNN:
+        return False
+    gen = torch.Generator().manual_seed(0)
+    a, b, bias = (torch.randn(*shape, generator=gen).to(dtype) for shape in ((16, 32), (24, 32), (24,)))
+    try:
+        with torch.inference_mode(False), torch.no_grad(), torch.autocast("cpu", enabled=False):
+            if kernel == "onednn":
+                out = torch.ops.mkldnn._linear_pointwise(a, b, bias, "none", [], "")
+            else:
+                out = torch.ops.mkldnn._linear_pointwise(a, torch.ops.mkldnn._reorder_linear_weight(b, None), bias,
+                                                         "none", [], "")
+            torch.testing.assert_close(out.float(), F.linear(a, b, bias).float(), rtol=2e-2, atol=2e-2)
+    except Exception as error:  # noqa: BLE001 -- whatever the reason, this kernel is out
+        logger.debug("cpu_gemm: %s cannot multiply in %s on this CPU (%s); left out", kernel, dtype, error)
+        return False
+    return True
+
+
+AMX_BF16: bool = bool(CAPABILITIES and CAPABILITIES.get("amx_bf16", False))
+# Whether torch's bf16 kernels have hardware here: the CPU says so and oneDNN can use it (held to
+# AVX2 by ONEDNN_MAX_CPU_ISA, a CPU with AVX-512 BF16 runs bf16 as one without). None: unknown.
+BF16_UNITS: bool | None = None if CAPABILITIES is None else bool(
+    (CAPABILITIES.get("amx_bf16", False) or CAPABILITIES.get("avx512_bf16", False))
+    and (not ONEDNN or runnable("onednn", torch.bfloat16)))
 
 # --------------------------------------------------------------------------------------------
 # The kernels
@@ -101,6 +157,7 @@ MEASURE_ROUNDS = 5
 MEASURE_BUDGET_S = 0.05  # per bucket, after the second round
 DROP_AFTER_ONE_ROUND = 1.5  # a candidate this many times slower than the best after one round is out
 MARGIN = 0.05  # another kernel must be this much faster than "mkl" to be chosen
+CONFIRM_CALLS = 3  # real calls timed on each of the proposal and "mkl" before a decision is final
 
 
 class _PackedWeights:
@@ -183,7 +240,9 @@ class Gemm:
 
 
 def candidates(gemm: Gemm) -> list[str]:
-    """The kernels that can run `gemm` here, "mkl" (torch's own call) first."""
+    """The kernels that can run `gemm` here, "mkl" (torch's own call) first; only "mkl" on an unknown CPU."""
+    if CAPABILITIES is None:
+        return ["mkl"]
     found = ["mkl"]
     if ONEDNN and torch.backends.mkldnn.enabled:
         found.append("onednn")
@@ -191,24 +250,54 @@ def candidates(gemm: Gemm) -> list[str]:
             found.append("onednn-packed")
     if gemm.dtype == torch.bfloat16:
         found.append("fp32")
-    return found
+    return [kernel for kernel in found if runnable(kernel, gemm.dtype)]
 
 
 def _run(gemm: Gemm, kernel: str, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None,
-         weight: torch.Tensor | None = None) -> torch.Tensor:
-    """`gemm`'s product on `kernel`: a (M, K) · b (N, K)ᵀ + bias -> (M, N), in a's dtype (see `_multiply`)."""
+         weight: torch.Tensor | None = None, bf16_values: bool = False) -> torch.Tensor:
+    """`gemm`'s product on `kernel`: a (M, K) · b (N, K)ᵀ + bias -> (M, N), in a's dtype (see `_multiply`).
+
+    "fp32" runs the same product in fp32 on the fp32 kernel chosen for it (`_run_chosen`).
+    """
     if kernel != "fp32":
-        return _multiply(kernel, a, b, bias, weight)
-    inner = choose(Gemm(gemm.product, gemm.rows, gemm.k, gemm.n, torch.float32, gemm.inference))
+        return _multiply(kernel, a, b, bias, weight, bf16_values)
+    inner = Gemm(gemm.product, gemm.rows, gemm.k, gemm.n, torch.float32, gemm.inference)
     widen = lambda t: None if t is None else t.to(torch.bfloat16).float()  # noqa: E731 -- bf16 -> fp32 is exact
     with torch.autocast("cpu", enabled=False):  # or autocast would send the fp32 call back to bf16
-        return _multiply(inner, widen(a), widen(b), widen(bias), weight, bf16_values=True).to(a.dtype)
+        return _run_chosen(inner, widen(a), widen(b), widen(bias), weight, bf16_values=True).to(a.dtype)
 
 
 # --------------------------------------------------------------------------------------------
 # Choosing: measure once per bucket, remember
 # --------------------------------------------------------------------------------------------
+@dataclass
+class _Trial:
+    """A proposed kernel on trial against torch's own call ("mkl") on a bucket's real calls.
+
+    The two take turns, and each call's seconds per row are kept (calls in one bucket differ in
+    rows); after `CONFIRM_CALLS` calls each, the proposal wins if its median is `MARGIN` below
+    mkl's. Alternating calls share the model's state: the same weights, as cold or warm in
+    cache as the model leaves them, the same other load on the cores.
+    """
+
+    kernel: str
+    seconds_per_row: dict[str, list[float]]
+
+    def next_kernel(self) -> str:
+        mine, theirs = (len(self.seconds_per_row[k]) for k in (self.kernel, "mkl"))
+        return self.kernel if mine <= theirs else "mkl"
+
+    def record(self, kernel: str, seconds: float, rows: int) -> str | None:
+        """Add one timed call; the decision once both kernels have `CONFIRM_CALLS` calls, else None."""
+        self.seconds_per_row[kernel].append(seconds / max(rows, 1))
+        if min(len(times) for times in self.seconds_per_row.values()) < CONFIRM_CALLS:
+            return None
+        mine, theirs = (statistics.median(self.seconds_per_row[k]) for k in (self.kernel, "mkl"))
+        return self.kernel if mine <= (1 - MARGIN) * theirs else "mkl"
+
+
 DECISIONS: dict[tuple[Gemm, int], str] = {}  # (gemm, torch threads) -> kernel
+TRIALS: dict[tuple[Gemm, int], _Trial] = {}  # (gemm, torch threads) -> a proposal still on trial
 _disk: dict[str, dict[str, str]] = {}  # path -> its decisions, read once
 
 
@@ -288,49 +377,101 @@ def measure(gemm: Gemm, rows: int | None = None, rounds: int = MEASURE_ROUNDS,
     return best
 
 
+def _decide(gemm: Gemm, kernel: str) -> None:
+    """Make `kernel` the decision for `gemm` in this process, and in the disk cache if one is named."""
+    DECISIONS[(gemm, torch.get_num_threads())] = kernel
+    path, saved = _disk_decisions()
+    if path is not None and saved.get(gemm.key()) != kernel:
+        saved[gemm.key()] = kernel
+        tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(saved, indent=1, sort_keys=True))
+        os.replace(tmp, path)
+
+
+@functools.cache
+def _warn_once(message: str) -> None:
+    warnings.warn(message, stacklevel=3)
+
+
+def propose(gemm: Gemm) -> str:
+    """The microbenchmark's pick for `gemm`: the fastest candidate, "mkl" unless another is `MARGIN` faster."""
+    times = measure(gemm)
+    kernel = min(times, key=times.get) if times else "mkl"
+    if kernel != "mkl" and "mkl" in times and times[kernel] > (1 - MARGIN) * times["mkl"]:
+        kernel = "mkl"  # not a clear win: do not reroute
+    return kernel
+
+
 def choose(gemm: Gemm) -> str:
-    """The kernel for `gemm`: forced by `SCRATCHBERT_GEMM`, else measured once and remembered."""
+    """The kernel to run `gemm` on now: forced by `SCRATCHBERT_GEMM`, else the remembered decision,
+    else (a bucket met for the first time) the disk cache's or the microbenchmark's; a proposal other
+    than "mkl" is on trial for its first real calls (`_Trial`), and this returns whose turn it is."""
     override = _override()
     memo = (gemm, torch.get_num_threads())  # the fastest kernel can change with the thread count
     if override == "auto" and memo in DECISIONS:
         return DECISIONS[memo]
+    if override == "auto" and memo in TRIALS:
+        return TRIALS[memo].next_kernel()
     available = candidates(gemm)
     if override == "onednn":
         if "onednn" not in available:
-            warnings.warn("SCRATCHBERT_GEMM=onednn, but this torch cannot call oneDNN: using torch's own call")
+            _warn_once(f"SCRATCHBERT_GEMM=onednn, but this torch cannot call oneDNN in {gemm.dtype} on this CPU: "
+                       "using torch's own call")
             return "mkl"
         return "onednn-packed" if "onednn-packed" in available else "onednn"
     if override == "mkl" or available == ["mkl"]:
         return "mkl"
-    path, saved = _disk_decisions()
+    _, saved = _disk_decisions()
     kernel = saved.get(gemm.key())
-    if kernel not in available:
-        times = measure(gemm)
-        kernel = min(times, key=times.get) if times else "mkl"
-        if kernel != "mkl" and "mkl" in times and times[kernel] > (1 - MARGIN) * times["mkl"]:
-            kernel = "mkl"  # not a clear win: do not reroute
-        if path is not None:
-            saved[gemm.key()] = kernel
-            tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(saved, indent=1, sort_keys=True))
-            os.replace(tmp, path)
-    DECISIONS[memo] = kernel
-    return kernel
+    if kernel in available:  # decided on real calls in an earlier process
+        DECISIONS[memo] = kernel
+        return kernel
+    kernel = propose(gemm)
+    if kernel == "mkl" or CONFIRM_CALLS <= 0:
+        _decide(gemm, kernel)
+        return kernel
+    TRIALS[memo] = _Trial(kernel, {kernel: [], "mkl": []})
+    return TRIALS[memo].next_kernel()
+
+
+def preferred(gemm: Gemm) -> str:
+    """The kernel `gemm` runs on once settled: the decision, or while on trial the proposal."""
+    kernel = choose(gemm)
+    trial = TRIALS.get((gemm, torch.get_num_threads()))
+    return kernel if trial is None else trial.kernel
+
+
+def settled(gemm: Gemm) -> str | None:
+    """The decided kernel for `gemm`, or None while its proposal is on trial."""
+    kernel = choose(gemm)
+    return None if (gemm, torch.get_num_threads()) in TRIALS else kernel
 
 
 def _run_chosen(gemm: Gemm, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None,
-                weight: torch.Tensor | None = None) -> torch.Tensor:
-    """`gemm`'s product on its chosen kernel; should that kernel fail on a real call, torch's own
-    call runs instead, now and for the rest of the process (its error, if any, is the caller's)."""
+                weight: torch.Tensor | None = None, bf16_values: bool = False) -> torch.Tensor:
+    """`gemm`'s product on its chosen kernel (timed, while on trial); should that kernel fail on a real
+    call, torch's own call runs instead, now and for the rest of the process (its error, if any, is the caller's)."""
     kernel = choose(gemm)
-    if kernel == "mkl":
-        return _run(gemm, "mkl", a, b, bias, weight)
+    memo = (gemm, torch.get_num_threads())
+    trial = TRIALS.get(memo)
+    if kernel == "mkl" and trial is None:
+        return _run(gemm, "mkl", a, b, bias, weight, bf16_values)
     try:
-        return _run(gemm, kernel, a, b, bias, weight)
+        start = time.perf_counter()
+        out = _run(gemm, kernel, a, b, bias, weight, bf16_values)
+        seconds = time.perf_counter() - start
     except Exception as error:  # noqa: BLE001 -- any kernel failure falls back to the plain call
         warnings.warn(f"cpu_gemm: {kernel} failed on {gemm} ({error!r}); using torch's own call instead")
-        DECISIONS[(gemm, torch.get_num_threads())] = "mkl"
-        return _run(gemm, "mkl", a, b, bias, weight)
+        TRIALS.pop(memo, None)
+        DECISIONS[memo] = "mkl"
+        return _run(gemm, "mkl", a, b, bias, weight, bf16_values)
+    if trial is not None:
+        decision = trial.record(kernel, seconds, a.size(0))
+        if decision is not None:
+            del TRIALS[memo]
+            _decide(gemm, decision)
+            logger.debug("cpu_gemm: %s on %s after real calls (seconds per row %s)", decision, gemm, trial.seconds_per_row)
+    return out
 
 
 def bucket(rows: int) -> int:
@@ -379,9 +520,14 @@ class _MeasuredLinear(torch.autograd.Function):
         return grad_x, grad_w, grad_b, None
 
 
+def _autocast_on(device: torch.device) -> bool:
+    """Whether autocast is on for `device` (False for device types autocast does not know, e.g. meta)."""
+    return torch.amp.is_autocast_available(device.type) and torch.is_autocast_enabled(device.type)
+
+
 def _compute_dtype(x: torch.Tensor) -> torch.dtype:
     """The dtype the matrix multiply will run in: the autocast dtype when autocast is on."""
-    if torch.is_autocast_enabled(x.device.type):
+    if _autocast_on(x.device):
         return torch.get_autocast_dtype(x.device.type)
     return x.dtype
 
@@ -394,12 +540,12 @@ def linear_weights(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     fp32, as autocast's).
     """
     dtype = _compute_dtype(x)
-    autocast = torch.is_autocast_enabled(x.device.type)
+    autocast = _autocast_on(x.device)
     rows = x.numel() // x.size(-1) if x.dim() else 0
     n, k = weight.shape if weight.dim() == 2 else (0, 0)
     floats = (torch.float32, torch.bfloat16)
     same_dtype = x.dtype == weight.dtype == dtype and (bias is None or bias.dtype == dtype)
-    if (x.device.type != "cpu" or dtype not in floats or is_tracing() or _override() == "mkl"
+    if (x.device.type != "cpu" or CAPABILITIES is None or dtype not in floats or is_tracing() or _override() == "mkl"
             or 2.0 * rows * k * n < MIN_FLOPS
             or not (same_dtype or (autocast and x.dtype in floats and weight.dtype in floats))):
         return F.linear(x, weight, bias)
@@ -456,8 +602,8 @@ POST_OPS = ("gelu", "add")  # what `linear_post_op` can fuse into oneDNN's GEMM
 def linear_post_op(x: torch.Tensor, layer: nn.Linear, post_op: str, other: torch.Tensor | None = None) -> torch.Tensor | None:
     """`F.gelu(layer(x))` ("gelu", erf GELU) or `layer(x) + other` ("add"), fused into the GEMM; None where not.
 
-    Inference only: where no gradient is recorded and the forward product's chosen kernel is
-    oneDNN's, the GELU or the addition runs as the GEMM's post-op, on each output tile while it
+    Inference only: where no gradient is recorded and the forward product's kernel is decided
+    (not on trial) and is oneDNN's, the GELU or the addition runs as the GEMM's post-op, on each output tile while it
     is still in cache, instead of as a second pass over the (M, N) output. Everywhere else
     (training, torch's own kernel chosen, bf16 on the fp32 kernel, AMX row chunks, a tracer,
     `other` in another dtype than the product) it returns None and the caller runs the two steps.
@@ -467,13 +613,13 @@ def linear_post_op(x: torch.Tensor, layer: nn.Linear, post_op: str, other: torch
     dtype = _compute_dtype(x)
     rows = x.numel() // x.size(-1) if x.dim() else 0
     k, n = layer.in_features, layer.out_features
-    if (x.device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16) or is_tracing() or _override() == "mkl"
-            or torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, layer.weight, layer.bias))
+    if (x.device.type != "cpu" or CAPABILITIES is None or dtype not in (torch.float32, torch.bfloat16) or is_tracing()
+            or _override() == "mkl" or torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, layer.weight, layer.bias))
             or 2.0 * rows * k * n < MIN_FLOPS or row_chunks(rows, (k, n), x.device, dtype) > 1
             or (other is None) is (post_op == "add") or (other is not None and other.dtype != dtype)):
         return None
     gemm = Gemm("forward", bucket(rows), k, n, dtype, True)
-    kernel = choose(gemm)
+    kernel = settled(gemm)  # while oneDNN is on trial, the plain product runs (and is timed)
     if kernel not in ("onednn", "onednn-packed"):
         return None
     flat = x.reshape(rows, k).to(dtype)  # (M, K)
@@ -512,9 +658,9 @@ def bf16_in_fp32(device: torch.device, dtype: torch.dtype) -> bool:
     True on CPUs where torch's bf16 GEMM has no hardware; `cpu_kernels.attention_call_cost` then
     weighs attention calls as in fp32.
     """
-    if device.type != "cpu" or dtype != torch.bfloat16 or _override() == "mkl":
+    if device.type != "cpu" or CAPABILITIES is None or dtype != torch.bfloat16 or _override() == "mkl":
         return False
-    return choose(Gemm("forward", 512, 768, 3072, torch.bfloat16, True)) == "fp32"
+    return preferred(Gemm("forward", 512, 768, 3072, torch.bfloat16, True)) == "fp32"
 
 
 # --------------------------------------------------------------------------------------------
@@ -529,11 +675,11 @@ BMM_ATTENTION_MAX_LENGTH = 0 if BF16_UNITS is None else 128 if BF16_UNITS else 9
 def stack_qkv(x: torch.Tensor) -> bool:
     """Whether to compute queries, keys and values from one stacked (3H, H) GEMM for input `x`.
 
-    Yes off the CPU (one wide kernel launch instead of three) and on AMX CPUs in bf16, where it
-    measured faster; no on other CPUs, where three GEMMs measured as fast without the per-call
-    weight concatenation.
+    Yes on AMX CPUs in bf16, where it measured faster; no on other CPUs, where three GEMMs
+    measured as fast without the per-call weight concatenation, and off the CPU, where the
+    swapped modules run what the plain ones run.
     """
-    return x.device.type != "cpu" or (AMX_BF16 and _compute_dtype(x) == torch.bfloat16)
+    return x.device.type == "cpu" and AMX_BF16 and _compute_dtype(x) == torch.bfloat16
 
 
 def use_bmm_attention(query: torch.Tensor) -> bool:

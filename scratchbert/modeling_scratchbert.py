@@ -57,6 +57,7 @@ from .bert_padding import (
     unpad,
 )
 from .configuration_scratchbert import ScratchBertConfig
+from .input_checks import check_inputs, values_checkable
 from .weights import loading_errors
 
 IGNORE_INDEX = -100  # label value that contributes no loss, everywhere in scratchbert
@@ -517,65 +518,6 @@ class ScratchBertPreTrainedModel(PreTrainedModel):
 # ---------------------------------------------------------------------------------------------
 # 12. The bare encoder.
 # ---------------------------------------------------------------------------------------------
-def _values_checkable(tensor: torch.Tensor | None) -> bool:
-    """Whether reading `tensor`'s values costs nothing: a non-empty CPU tensor, run eagerly.
-
-    On a GPU, reading a value makes the host wait for the device (a sync); under a tracer
-    (`is_tracing`) it would freeze this batch's values into the recorded graph.
-    """
-    return tensor is not None and not is_tracing() and tensor.device.type == "cpu" and tensor.numel() > 0
-
-
-def check_inputs(
-    config: ScratchBertConfig,
-    input_ids: torch.Tensor | None,
-    inputs_embeds: torch.Tensor | None,
-    attention_mask: torch.Tensor | None,
-    token_type_ids: torch.Tensor | None,
-    position_ids: torch.Tensor | None,
-) -> tuple[int, int]:
-    """Validate the inputs up front and return (B, S), so mistakes read as sentences, not torch index errors.
-
-    Shapes are always checked (free). The ids' values are checked where that is free too
-    (`_values_checkable`: CPU tensors, run eagerly); elsewhere an id out of range fails in the
-    embedding lookup instead, as it does in transformers.
-    """
-    if (input_ids is None) == (inputs_embeds is None):
-        raise ValueError("Pass exactly one of input_ids or inputs_embeds.")
-    shape = tuple(input_ids.shape) if input_ids is not None else tuple(inputs_embeds.shape[:-1])
-    if len(shape) != 2:
-        raise ValueError(f"input_ids must have shape (batch, sequence), got {shape}; add a batch dimension with [None].")
-    batch, seq = shape
-    if seq > config.max_position_embeddings:
-        raise ValueError(
-            f"Sequence length {seq} is longer than max_position_embeddings={config.max_position_embeddings}; "
-            f"truncate inputs (tokenizer(..., truncation=True, max_length={config.max_position_embeddings}))."
-        )
-    if _values_checkable(input_ids):
-        low, high = int(input_ids.min()), int(input_ids.max())
-        if low < 0 or high >= config.vocab_size:
-            raise ValueError(
-                f"input_ids contain id {high if high >= config.vocab_size else low}, outside the vocabulary "
-                f"[0, {config.vocab_size}); the tokenizer and the model disagree: use the checkpoint's own "
-                "tokenizer, or model.resize_token_embeddings(len(tokenizer))."
-            )
-    if inputs_embeds is not None and inputs_embeds.size(-1) != config.hidden_size:
-        raise ValueError(f"inputs_embeds have width {inputs_embeds.size(-1)}, the model's hidden_size is {config.hidden_size}.")
-    for name, tensor in (("attention_mask", attention_mask), ("token_type_ids", token_type_ids), ("position_ids", position_ids)):
-        if tensor is not None and tuple(tensor.shape) != shape and not (name == "position_ids" and tuple(tensor.shape) == (1, seq)):
-            raise ValueError(f"{name} has shape {tuple(tensor.shape)} but input_ids has shape {shape}; they must match.")
-    if _values_checkable(token_type_ids):
-        high = int(token_type_ids.max())
-        if high >= config.type_vocab_size or int(token_type_ids.min()) < 0:
-            raise ValueError(
-                f"token_type_ids contain {high}, but type_vocab_size={config.type_vocab_size} allows ids 0.."
-                f"{config.type_vocab_size - 1} (0 for the first segment, 1 for the second)."
-            )
-    if _values_checkable(position_ids) and int(position_ids.max()) >= config.max_position_embeddings:
-        raise ValueError(f"position_ids reach {int(position_ids.max())}; max_position_embeddings={config.max_position_embeddings}.")
-    return batch, seq
-
-
 class ScratchBertModel(ScratchBertPreTrainedModel):
     """The BERT encoder: embeddings, L layers, and (optionally) the pooler.
 
@@ -583,10 +525,12 @@ class ScratchBertModel(ScratchBertPreTrainedModel):
     last_hidden_state (B, S, H), pooler_output (B, H),
     hidden_states L + 1 x (B, S, H) and attentions L x (B, A, S, S) when asked for.
 
-    When the batch has padding, the layers run on its real tokens only (`bert_padding.py`):
+    When a batch on the CPU has padding, the layers run on its real tokens only (`bert_padding.py`):
     the outputs at real positions are the padded computation's, and padded positions hold
-    zeros. A call with output_attentions=True, or with `padding_free = False`, takes the
-    padded path, which also computes a (meaningless) vector at every padded position.
+    zeros. On other devices the padded path runs (planning the packed layout reads the mask's
+    values, which would make the host wait for the device on every call). A call with
+    output_attentions=True, or with `padding_free = False`, takes the padded path too, which
+    also computes a (meaningless) vector at every padded position.
 
     Compiled, exported or traced (torch.compile, torch.export, torch.jit.trace, ONNX export;
     `bert_padding.is_tracing`), every call takes the padded path, whatever `padding_free` says:
@@ -648,32 +592,9 @@ class ScratchBertModel(ScratchBertPreTrainedModel):
         if position_ids is None:
             position_ids = torch.arange(seq, device=device)[None, :]  # (1, S): broadcasts over the batch
 
-        # Build the mask once, in the dtype the attention scores will have (bf16/fp16 under autocast).
-        # Skipping an all-ones mask and packing read the mask's values: a tracer would freeze this
-        # batch's answers into its graph, so a traced call always takes the padded path with the mask.
-        tracing = is_tracing()
-        mask: AttentionMask = None
-        if attention_mask is not None and (tracing or not bool(attention_mask.all())):
-            if torch.is_autocast_enabled(device.type):
-                dtype = torch.get_autocast_dtype(device.type)
-            else:
-                dtype = (inputs_embeds if inputs_embeds is not None else self.embeddings.word_embeddings.weight).dtype
-            if self.padding_free and not output_attentions and not tracing:
-                # Padding-free: each sequence's real tokens, packed into (R, H), attend among themselves.
-                call_cost = self.attention_call_cost(dtype, device)
-                mask = pack_sequences(attention_mask, self.config, lambda keep: additive_attention_mask(keep, dtype), call_cost)
-            else:
-                mask = additive_attention_mask(attention_mask, dtype)  # (B, 1, 1, S)
-
+        mask = self.build_mask(attention_mask, self.score_dtype(device, inputs_embeds), output_attentions)
         if isinstance(mask, PackedSequences):
-            # Embed only the real tokens: ids, segments and positions gathered into the packed layout.
-            position_ids = position_ids.expand(batch, seq)
-            packed_inputs = (None if t is None else unpad(t, mask) for t in (input_ids, token_type_ids, position_ids, inputs_embeds))
-            hidden_states = self.embeddings(*packed_inputs)  # (R, H)
-            encoded = self.encoder(hidden_states, mask, False, output_hidden_states)  # (R, H)
-            encoded.last_hidden_state = pad(encoded.last_hidden_state, mask)  # (B, S, H), zeros at padding
-            if output_hidden_states:
-                encoded.hidden_states = tuple(pad(h, mask) for h in encoded.hidden_states)
+            encoded = self.encode_packed(mask, input_ids, token_type_ids, position_ids, inputs_embeds, output_hidden_states)
         else:
             hidden_states = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)  # (B, S, H)
             encoded = self.encoder(hidden_states, mask, output_attentions, output_hidden_states)
@@ -686,6 +607,52 @@ class ScratchBertModel(ScratchBertPreTrainedModel):
             hidden_states=encoded.hidden_states,
             attentions=encoded.attentions,
         )
+
+
+    def score_dtype(self, device: torch.device, inputs_embeds: torch.Tensor | None) -> torch.dtype:
+        """The dtype the attention scores will have: autocast's, else the embeddings' (bf16/fp16 masks for bf16/fp16 models)."""
+        if torch.amp.is_autocast_available(device.type) and torch.is_autocast_enabled(device.type):
+            return torch.get_autocast_dtype(device.type)
+        return (inputs_embeds if inputs_embeds is not None else self.embeddings.word_embeddings.weight).dtype
+
+    def build_mask(self, attention_mask: torch.Tensor | None, dtype: torch.dtype, output_attentions: bool) -> AttentionMask:
+        """The mask the layers attend with: None (every token real), the packed layout, or the additive (B, 1, 1, S) mask.
+
+        The all-real shortcut and the padding-free layout read the mask's values, which is free
+        only on a CPU run eagerly (`values_checkable`): on a GPU each read makes the host wait for
+        the device, and a tracer would freeze this batch's answers into its graph. There the
+        additive mask is built whatever the mask holds.
+        """
+        if attention_mask is None:
+            return None
+        if not values_checkable(attention_mask):
+            return additive_attention_mask(attention_mask, dtype)  # (B, 1, 1, S)
+        if bool(attention_mask.all()):
+            return None
+        if self.padding_free and not output_attentions:
+            # Padding-free: each sequence's real tokens, packed into (R, H), attend among themselves.
+            call_cost = self.attention_call_cost(dtype, attention_mask.device)
+            return pack_sequences(attention_mask, self.config, lambda keep: additive_attention_mask(keep, dtype), call_cost)
+        return additive_attention_mask(attention_mask, dtype)  # (B, 1, 1, S)
+
+    def encode_packed(
+        self,
+        mask: PackedSequences,
+        input_ids: torch.Tensor | None,
+        token_type_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        inputs_embeds: torch.Tensor | None,
+        output_hidden_states: bool,
+    ) -> EncoderOutput:
+        """Embed and encode only the real tokens, then scatter them back: (B, S, H) with zeros at padding."""
+        position_ids = position_ids.expand(mask.batch, mask.seq)
+        packed_inputs = (None if t is None else unpad(t, mask) for t in (input_ids, token_type_ids, position_ids, inputs_embeds))
+        hidden_states = self.embeddings(*packed_inputs)  # (R, H)
+        encoded = self.encoder(hidden_states, mask, False, output_hidden_states)  # (R, H)
+        encoded.last_hidden_state = pad(encoded.last_hidden_state, mask)  # (B, S, H)
+        if output_hidden_states:
+            encoded.hidden_states = tuple(pad(h, mask) for h in encoded.hidden_states)
+        return encoded
 
 
 # ---------------------------------------------------------------------------------------------

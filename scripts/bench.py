@@ -184,18 +184,24 @@ def best_seconds(fn, repeats: int) -> float:
     return best
 
 
-def gemm_peaks(repeats: int, threads: int) -> dict[str, float]:
-    """FLOP/s of each GEMM kernel this machine has on a (M x K) . (K x N) product, best of `repeats`."""
+def gemm_peaks(repeats: int, threads: int) -> dict[str, float | None]:
+    """FLOP/s of each GEMM kernel this machine has on a (M x K) . (K x N) product, best of `repeats`.
+
+    None for a kernel this CPU cannot run (`cpu_gemm.runnable`: oneDNN's bf16 without AVX-512 BF16).
+    """
     m, k, n = GEMM_SHAPE
     flops = 2 * m * k * n
     peaks = {}
     for dtype, name in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
         x, w = torch.randn(m, k, dtype=dtype), torch.randn(n, k, dtype=dtype)  # w: (N, K) as nn.Linear keeps it
-        kernels = {"MKL F.linear" if dtype == torch.float32 else "torch F.linear (oneDNN)": lambda: F.linear(x, w)}
+        kernels = {"MKL F.linear" if dtype == torch.float32 else "torch F.linear": lambda: F.linear(x, w)}
         if cpu_gemm.ONEDNN:
-            packed = torch.ops.mkldnn._reorder_linear_weight(w, None)
-            kernels["oneDNN"] = lambda: torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
-            kernels["oneDNN prepacked"] = lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+            for kernel, label in (("onednn", "oneDNN"), ("onednn-packed", "oneDNN prepacked")):
+                if not cpu_gemm.runnable(kernel, dtype):
+                    peaks[f"{name} {label}"] = None
+                    continue
+                weight = torch.ops.mkldnn._reorder_linear_weight(w, None) if kernel == "onednn-packed" else w
+                kernels[label] = lambda weight=weight: torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", [], "")
         with torch.no_grad():
             for kernel, fn in kernels.items():
                 peaks[f"{name} {kernel}"] = flops / best_seconds(fn, repeats)
@@ -440,7 +446,8 @@ def format_table(rows: list[Row], peaks: dict[str, float], threads: int) -> str:
     ]
     # fp32 rows: the fastest fp32 GEMM of any library here; bf16 rows: the fastest in any dtype (on a
     # CPU without bf16 units that is fp32, which scratchbert's bf16 layers then use; see cpu_gemm.py).
-    best = {"fp32": max(v for k, v in peaks.items() if k.startswith("fp32")), "bf16": max(peaks.values())}
+    measured = {name: value for name, value in peaks.items() if value is not None}
+    best = {"fp32": max(v for k, v in measured.items() if k.startswith("fp32")), "bf16": max(measured.values())}
     for r in rows:
         peak = best[r.peak_kind]
         is_step = r.case.startswith("(c)")
@@ -460,7 +467,8 @@ def format_table(rows: list[Row], peaks: dict[str, float], threads: int) -> str:
         f"GEMM throughput measured in this run on a ({GEMM_SHAPE[0]} x {GEMM_SHAPE[1]}) . ({GEMM_SHAPE[1]} x "
         f"{GEMM_SHAPE[2]}) product, {threads} threads (the % columns divide by the fastest fp32 figure for fp32 "
         "rows and ORT, by the fastest of all for bf16 rows): "
-        + ", ".join(f"{name} {value / 1e9:,.0f}" for name, value in peaks.items()) + " GFLOP/s."
+        + ", ".join(f"{name} {value / 1e9:,.0f}" if value is not None else f"{name} cannot run on this CPU"
+                    for name, value in peaks.items()) + " GFLOP/s."
     )
     return "\n".join(lines)
 

@@ -5,8 +5,9 @@ For each GEMM shape of a bert-base layer (Q/K/V and attention output 768 -> 768,
 candidate kernel of `scratchbert/cpu_gemm.py` on each product a linear layer computes: the forward
 in inference (where the prepacked weight is a candidate) and in training, grad_input = g·W and
 grad_weight = gᵀ·x. Figures are GFLOP/s, best of --repeats calls (interleaved across kernels);
-"chosen" is what cpu_gemm's own short measurement picked in this process (it may differ where two
-kernels are within noise; it keeps torch's own call unless another is `cpu_gemm.MARGIN` faster).
+"chosen" is what cpu_gemm's own short measurement proposed in this process (it may differ where two
+kernels are within noise; it keeps torch's own call unless another is `cpu_gemm.MARGIN` faster);
+in a model, a proposal other than torch's own call is then confirmed or dropped on the real calls.
 On CPUs with AMX, bf16 forwards inside `cpu_gemm.SLOW_ROW_WINDOWS` also show the same product
 split into row chunks (*), the choice the model makes there.
 
@@ -84,7 +85,9 @@ def main(argv: list[str] | None = None) -> None:
                     seconds = cpu_gemm.measure(gemm, rows=rows, rounds=args.repeats, budget_s=float("inf"))
                     cells = [f"{gemm.flops(rows) / seconds[kernel] / 1e9:,.0f}" if kernel in seconds else "–"
                              for kernel in cpu_gemm.KERNELS]
-                    chosen = cpu_gemm.choose(gemm)
+                    chosen = cpu_gemm.preferred(gemm)
+                    if cpu_gemm.settled(gemm) is None:
+                        chosen += " (proposed: real calls confirm it)"
                     chunks = cpu_gemm.row_chunks(rows, (k, n), torch.device("cpu"), dtype)
                     if product == "forward" and inference and chunks > 1:
                         split = chunked_seconds(rows, k, n, chunks, args.repeats)

@@ -12,6 +12,9 @@ from __future__ import annotations
 import copy
 import gc
 import json
+import logging
+import time
+import warnings
 
 import pytest
 import torch
@@ -33,8 +36,11 @@ needs_onednn = pytest.mark.skipif(not cpu_gemm.ONEDNN, reason="this torch cannot
 
 @pytest.fixture(autouse=True)
 def fresh_decisions(monkeypatch):
-    """Each test starts with no remembered decision, no disk cache, auto mode, every product rerouted."""
+    """Each test starts with no remembered decision, no disk cache, auto mode, every product rerouted,
+    and proposals decided at once (the trial on real calls has tests of its own)."""
     monkeypatch.setattr(cpu_gemm, "DECISIONS", {})
+    monkeypatch.setattr(cpu_gemm, "TRIALS", {})
+    monkeypatch.setattr(cpu_gemm, "CONFIRM_CALLS", 0)
     monkeypatch.setattr(cpu_gemm, "_disk", {})
     monkeypatch.delenv("SCRATCHBERT_GEMM", raising=False)
     monkeypatch.delenv("SCRATCHBERT_GEMM_CACHE", raising=False)
@@ -62,8 +68,8 @@ def relative(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 # ---- the choice ---------------------------------------------------------------------------
-def gemm(product="forward", dtype=torch.float32, inference=True, rows=256):
-    return cpu_gemm.Gemm(product, rows, 48, 40, dtype, inference)
+def gemm(product="forward", dtype=torch.float32, inference=True, rows=256, k=48, n=40):
+    return cpu_gemm.Gemm(product, rows, k, n, dtype, inference)
 
 
 def test_candidates_by_product_dtype_and_mode():
@@ -71,7 +77,8 @@ def test_candidates_by_product_dtype_and_mode():
     assert cpu_gemm.candidates(gemm()) == ["mkl", *dnn, *(["onednn-packed"] if dnn else [])]
     assert cpu_gemm.candidates(gemm(inference=False)) == ["mkl", *dnn]  # training: the weight changes every step
     assert cpu_gemm.candidates(gemm("grad_weight", inference=False)) == ["mkl", *dnn]
-    assert cpu_gemm.candidates(gemm("grad_input", torch.bfloat16, False)) == ["mkl", *dnn, "fp32"]
+    bf16_dnn = dnn if cpu_gemm.runnable("onednn", torch.bfloat16) else []  # not on AVX2-only CPUs
+    assert cpu_gemm.candidates(gemm("grad_input", torch.bfloat16, False)) == ["mkl", *bf16_dnn, "fp32"]
 
 
 def test_a_machine_without_onednn_falls_back_cleanly(monkeypatch):
@@ -80,8 +87,11 @@ def test_a_machine_without_onednn_falls_back_cleanly(monkeypatch):
     assert cpu_gemm.candidates(gemm(dtype=torch.bfloat16)) == ["mkl", "fp32"]
     assert cpu_gemm.choose(gemm()) == "mkl"  # one candidate: nothing to measure
     monkeypatch.setenv("SCRATCHBERT_GEMM", "onednn")
-    with pytest.warns(UserWarning, match="cannot call oneDNN"):
+    cpu_gemm._warn_once.cache_clear()
+    with pytest.warns(UserWarning, match="cannot call oneDNN") as warned:
         assert cpu_gemm.choose(gemm()) == "mkl"
+        assert cpu_gemm.choose(gemm(rows=512)) == "mkl"
+    assert len(warned) == 1  # once, not once per shape
     monkeypatch.delenv("SCRATCHBERT_GEMM")
     layer, x = nn.Linear(48, 40), torch.randn(300, 48)
     torch.testing.assert_close(cpu_gemm.linear(x, layer), F.linear(x, layer.weight, layer.bias))
@@ -197,6 +207,75 @@ def test_decisions_persist_on_disk_and_only_available_kernels_are_read(monkeypat
     assert cpu_gemm.choose(gemm(rows=512)) == "mkl" and len(measured) == 1
 
 
+# ---- the proposal on trial: real calls decide ---------------------------------------------------
+def slow_down(monkeypatch, kernel: str, seconds: float = 0.02) -> list[str]:
+    """Make every real call of `kernel` `seconds` slower; returns the kernels of the calls made."""
+    calls, original = [], cpu_gemm._run
+
+    def run(gemm, k, *args, **kwargs):
+        calls.append(k)
+        if k == kernel:
+            time.sleep(seconds)
+        return original(gemm, k, *args, **kwargs)
+
+    monkeypatch.setattr(cpu_gemm, "_run", run)
+    return calls
+
+
+@needs_onednn
+@pytest.mark.parametrize("slower, decided", [("onednn", "mkl"), ("mkl", "onednn")])
+def test_a_proposal_is_kept_only_if_real_calls_confirm_it(monkeypatch, slower, decided):
+    """The microbenchmark proposes oneDNN; the next real calls alternate with torch's own, and the faster stays."""
+    monkeypatch.setattr(cpu_gemm, "CONFIRM_CALLS", 3)
+    favour(monkeypatch, "onednn")
+    calls = slow_down(monkeypatch, slower)
+    layer = nn.Linear(48, 40)
+    with torch.no_grad():
+        for i in range(8):
+            x = torch.randn(200 + i, 48)  # rows vary within the bucket: times are compared per row
+            torch.testing.assert_close(cpu_gemm.linear(x, layer), F.linear(x, layer.weight, layer.bias),
+                                       rtol=FP32_REL, atol=1e-5)
+            if i < 5:  # on trial: no decision yet, and no fused post-op
+                assert cpu_gemm.settled(gemm(rows=256, n=40, k=48)) is None
+                assert cpu_gemm.linear_post_op(x, layer, "gelu") is None
+    assert calls[:6] == ["onednn", "mkl"] * 3  # they take turns
+    assert calls[6:] == [decided] * 2
+    assert cpu_gemm.TRIALS == {} and set(cpu_gemm.DECISIONS.values()) == {decided}
+
+
+@needs_onednn
+def test_a_confirmed_decision_is_what_the_disk_cache_keeps(monkeypatch, tmp_path):
+    path = tmp_path / "gemm.json"
+    monkeypatch.setenv("SCRATCHBERT_GEMM_CACHE", str(path))
+    monkeypatch.setattr(cpu_gemm, "CONFIRM_CALLS", 2)
+    favour(monkeypatch, "onednn")
+    slow_down(monkeypatch, "onednn")
+    layer, x = nn.Linear(48, 40), torch.randn(256, 48)
+    with torch.no_grad():
+        cpu_gemm.linear(x, layer)
+        assert not path.exists()  # a proposal is not saved
+        for _ in range(3):
+            cpu_gemm.linear(x, layer)
+    assert json.loads(path.read_text()) == {gemm(rows=256, n=40, k=48).key(): "mkl"}
+
+
+def test_a_trial_keeps_the_outputs_and_gradients_of_the_plain_call(monkeypatch):
+    monkeypatch.setattr(cpu_gemm, "CONFIRM_CALLS", 2)
+    favour(monkeypatch, "onednn" if cpu_gemm.ONEDNN else "fp32")
+    torch.manual_seed(0)
+    layer = nn.Linear(48, 40)
+    for _ in range(4):
+        x = torch.randn(100, 48, requires_grad=True)
+        out = cpu_gemm.linear(x, layer)
+        out.square().sum().backward()
+        grad_ours, weight_grad = x.grad.clone(), layer.weight.grad.clone()
+        layer.zero_grad()
+        x.grad = None
+        F.linear(x, layer.weight, layer.bias).square().sum().backward()
+        assert relative(grad_ours, x.grad) <= FP32_REL and relative(weight_grad, layer.weight.grad) <= FP32_REL
+        layer.zero_grad()
+
+
 @pytest.mark.parametrize("rows, size", [(1, 1), (2, 2), (3, 4), (430, 512), (512, 512), (2048, 2048)])
 def test_rows_bucket_to_powers_of_two(rows, size):
     assert cpu_gemm.bucket(rows) == size
@@ -210,14 +289,17 @@ KERNEL_CASES = [
 ]
 
 
-def check_kernel_available(kernel):
+def check_kernel_available(kernel, dtype=torch.float32):
+    """Skip, with the reason, a kernel this torch or this CPU cannot run (e.g. oneDNN bf16 on AVX2 only)."""
     if kernel.startswith("onednn") and not cpu_gemm.ONEDNN:
         pytest.skip("this torch cannot call oneDNN")
+    if not cpu_gemm.runnable(kernel, dtype):
+        pytest.skip(f"{kernel} cannot multiply in {dtype} on this CPU (cpu_gemm.runnable's trial call failed)")
 
 
 @pytest.mark.parametrize("kernel, dtype, autocast", KERNEL_CASES)
 def test_every_kernel_equals_f_linear_forward(monkeypatch, kernel, dtype, autocast):
-    check_kernel_available(kernel)
+    check_kernel_available(kernel, dtype)
     favour(monkeypatch, kernel, fp32_kernel="onednn" if cpu_gemm.ONEDNN else "mkl")
     torch.manual_seed(0)
     layer = nn.Linear(96, 80).to(torch.float32 if autocast else dtype)
@@ -233,7 +315,7 @@ def test_every_kernel_equals_f_linear_forward(monkeypatch, kernel, dtype, autoca
 @pytest.mark.parametrize("kernel, dtype, autocast", [case for case in KERNEL_CASES if case[0] != "onednn-packed"])
 def test_every_kernel_equals_f_linear_backward(monkeypatch, kernel, dtype, autocast):
     """Forward, grad_input = g·W, grad_weight = gᵀ·x and the bias gradient, all three products forced."""
-    check_kernel_available(kernel)
+    check_kernel_available(kernel, dtype)
     favour(monkeypatch, kernel, fp32_kernel="onednn" if cpu_gemm.ONEDNN else "mkl")
     torch.manual_seed(0)
     weights_dtype = torch.float32 if autocast else dtype
@@ -433,10 +515,41 @@ def set_profile(monkeypatch, name: str) -> None:
     monkeypatch.setattr(cpu_gemm, "BF16_UNITS", units)
 
 
-def test_cpu_detection_reads_torch_cpu_capabilities():
+@pytest.mark.skipif(cpu_gemm.CAPABILITIES is None, reason="not an x86-64 CPU: the fast path treats it as unknown")
+def test_cpu_detection_reads_torch_cpu_capabilities_and_what_onednn_can_run():
     capabilities = torch.cpu.get_capabilities()
     assert cpu_gemm.AMX_BF16 is bool(capabilities.get("amx_bf16", False))
-    assert cpu_gemm.BF16_UNITS is bool(capabilities.get("amx_bf16", False) or capabilities.get("avx512_bf16", False))
+    flags = bool(capabilities.get("amx_bf16", False) or capabilities.get("avx512_bf16", False))
+    assert cpu_gemm.BF16_UNITS is (flags and (not cpu_gemm.ONEDNN or cpu_gemm.runnable("onednn", torch.bfloat16)))
+
+
+def test_a_kernel_the_cpu_cannot_run_is_left_out_quietly_after_one_trial(monkeypatch, caplog):
+    """As oneDNN's bf16 GEMM on an AVX2-only CPU: one trial call, one debug line, no warning, never a candidate."""
+    trials = []
+
+    def no_bf16(a, *args):
+        trials.append(a.dtype)
+        if a.dtype == torch.bfloat16:
+            raise RuntimeError("could not create a primitive descriptor for the inner product")
+        return F.linear(a, args[0], args[1])
+
+    monkeypatch.setattr(cpu_gemm, "ONEDNN", True)
+    monkeypatch.setattr(cpu_gemm, "CAPABILITIES", {"cpu_name": "an AVX2 CPU"})
+    monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", no_bf16)
+    cpu_gemm.runnable.cache_clear()
+    try:
+        with warnings.catch_warnings(), caplog.at_level(logging.DEBUG, logger="scratchbert.cpu_gemm"):
+            warnings.simplefilter("error")
+            for _ in range(3):
+                assert "onednn" not in cpu_gemm.candidates(gemm("forward", torch.bfloat16, inference=False))
+                assert cpu_gemm.candidates(gemm("grad_input", torch.float32, inference=False)) == ["mkl", "onednn"]
+            assert trials == [torch.bfloat16, torch.float32]  # one trial each, remembered
+            assert set(cpu_gemm.measure(gemm("forward", torch.bfloat16, inference=False))) == {"mkl", "fp32"}
+        assert [r.getMessage() for r in caplog.records if "cannot multiply" in r.getMessage()] == [
+            "cpu_gemm: onednn cannot multiply in torch.bfloat16 on this CPU "
+            "(could not create a primitive descriptor for the inner product); left out"]
+    finally:
+        cpu_gemm.runnable.cache_clear()
 
 
 @pytest.mark.parametrize(
@@ -502,6 +615,8 @@ def test_stack_qkv_where_it_measured_faster(monkeypatch, profile, dtype, autocas
     set_profile(monkeypatch, profile)
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
         assert cpu_gemm.stack_qkv(torch.zeros(2, 4, dtype=dtype)) is stacked
+    # Off the CPU the swapped module runs what the plain one runs: three projections.
+    assert cpu_gemm.stack_qkv(torch.zeros(2, 4, dtype=dtype, device="meta")) is False
 
 
 @pytest.mark.parametrize(
@@ -585,6 +700,7 @@ def test_model_outputs_and_gradients_agree_on_every_cpu_profile(monkeypatch, pad
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("post_op", cpu_gemm.POST_OPS)
 def test_fused_post_op_equals_the_two_steps(monkeypatch, kernel, dtype, post_op):
+    check_kernel_available(kernel, dtype)
     favour(monkeypatch, kernel)
     torch.manual_seed(0)
     layer = nn.Linear(48, 40).to(dtype)

@@ -9,6 +9,8 @@ model is exactly what `modeling_scratchbert.py` writes: `nn.Linear`, three Q/K/V
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -155,3 +157,84 @@ def test_inference_with_fused_gelu_and_residual_equals_the_plain_model(monkeypat
         assert sorted(fused_calls) == ["add"] * 2 * layers + ["gelu"] * layers
         plain = model.use_cpu_kernels(False)(input_ids=ids, attention_mask=mask).logits[mask.bool()]
     torch.testing.assert_close(fast, plain, atol=1e-5, rtol=0)
+
+
+# ---- other machines: a GPU, an ARM CPU ---------------------------------------------------------
+@pytest.mark.parametrize("training", [False, True], ids=["eval", "train"])
+def test_off_the_cpu_nothing_reads_tensor_values_and_the_plain_calls_run(monkeypatch, training):
+    """The meta device stands in for a GPU: reading a value raises there (as it would sync a GPU's host).
+
+    With the fast path on and padding in the batch, the forward and backward run without reading
+    a value: no all-real shortcut, no packed layout, no measurement; every linear is one `F.linear`
+    (Q, K and V three of them, not stacked) and attention is SDPA, as in the plain model.
+    """
+    monkeypatch.setattr(cpu_gemm, "MIN_FLOPS", 0)
+    monkeypatch.setattr(cpu_gemm, "BMM_ATTENTION_MAX_LENGTH", 128)
+    monkeypatch.setattr(cpu_gemm, "measure", lambda gemm: pytest.fail("measured a product off the CPU"))
+    model = masked_lm().to("meta").train(training)
+    assert model.config.cpu_kernels and CpuSelfAttention in module_types(model)
+    ids, mask = (t.to("meta") for t in small_batch(padded=True))
+    linears, sdpa = [], []
+    real_linear, real_sdpa = F.linear, F.scaled_dot_product_attention
+    monkeypatch.setattr(F, "linear", lambda *a, **k: linears.append(a[1].shape) or real_linear(*a, **k))
+    monkeypatch.setattr(F, "scaled_dot_product_attention", lambda *a, **k: sdpa.append(1) or real_sdpa(*a, **k))
+    with torch.autocast("cpu", enabled=False):
+        logits = model(input_ids=ids, attention_mask=mask).logits
+    assert logits.shape == (4, 12, 99) and logits.device.type == "meta"
+    if training:
+        logits.sum().backward()
+        assert model.bert.encoder.layer[0].attention.self.query.weight.grad.device.type == "meta"
+    hidden = FIELDS["hidden_size"]
+    # per layer: Q, K, V and the attention output (H x H), feed-forward up and down; then the MLM transform and decoder
+    assert linears.count((hidden, hidden)) == 4 * FIELDS["num_hidden_layers"] + 1
+    assert len(sdpa) == FIELDS["num_hidden_layers"]
+
+
+ARM_CPU = r'''
+import platform
+platform.machine = lambda: "aarch64"  # before scratchbert reads it
+import torch, torch.nn.functional as F
+from scratchbert import ScratchBertConfig, ScratchBertForMaskedLM, cpu_gemm
+assert cpu_gemm.CAPABILITIES is None and cpu_gemm.BF16_UNITS is None and not cpu_gemm.AMX_BF16
+assert cpu_gemm.BMM_ATTENTION_MAX_LENGTH == 0
+cpu_gemm.MIN_FLOPS = 0
+def no_choice(*args):
+    raise AssertionError("cpu_gemm chose a kernel on an unknown CPU")
+cpu_gemm.choose = no_choice
+config = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+              hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+torch.manual_seed(0)
+fast = ScratchBertForMaskedLM(ScratchBertConfig(**config))
+plain = ScratchBertForMaskedLM(ScratchBertConfig(**config, cpu_kernels=False))
+plain.load_state_dict(fast.state_dict())
+assert type(fast.bert.encoder.layer[0].intermediate.dense) is cpu_gemm.MeasuredLinear
+ids = torch.randint(5, 99, (3, 10)); mask = torch.ones_like(ids); mask[1, 6:] = 0
+for dtype in (torch.float32, torch.bfloat16):
+    outs = []
+    for model in (fast, plain):
+        model.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+            logits = model(input_ids=ids, attention_mask=mask).logits
+        logits.float().square().mean().backward()
+        outs.append((logits.detach(), model.bert.embeddings.word_embeddings.weight.grad.clone()))
+    for a, b in zip(*outs):
+        assert torch.equal(a, b), (dtype, (a.float() - b.float()).abs().max())
+    model.eval()
+    with torch.no_grad():
+        assert torch.equal(fast.eval()(input_ids=ids, attention_mask=mask).logits, plain.eval()(input_ids=ids, attention_mask=mask).logits)
+    fast.train(); plain.train()
+assert cpu_gemm.DECISIONS == {} and cpu_gemm.TRIALS == {}, "measured on an unknown CPU"
+print("ok: torch's own calls everywhere")
+'''
+
+
+def test_on_an_arm_cpu_every_call_is_torchs_own(tmp_path):
+    """aarch64 (Apple silicon, Graviton): no MKL, another oneDNN build, kernels never measured there.
+
+    Simulated in a fresh process that reports aarch64 before scratchbert is imported: the CPU is
+    unknown, nothing is measured or rerouted, and outputs and gradients are bit-identical to the
+    plain model's in fp32 and under bf16 autocast.
+    """
+    result = subprocess.run([sys.executable, "-c", ARM_CPU], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "ok: torch's own calls everywhere" in result.stdout

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from scratchbert import cpu_gemm
 
@@ -31,7 +32,8 @@ def test_bench_gemm_times_every_kernel_and_names_the_choice():
         dtype, product, timings, chosen = cells[0], cells[2], cells[4:-1], cells[-1]
         assert chosen.split()[0] in cpu_gemm.KERNELS
         assert timings[0] != "–"  # torch's own call always runs
-        assert (timings[2] != "–") is (cpu_gemm.ONEDNN and product == "forward, inference")  # prepacked: inference only
+        prepacked = cpu_gemm.runnable("onednn-packed", torch.float32 if dtype == "fp32" else torch.bfloat16)
+        assert (timings[2] != "–") is (prepacked and product == "forward, inference")  # inference only, where it runs
         assert (timings[3] != "–") is (dtype == "bf16")  # the fp32 kernel: for bf16 only
 
 
