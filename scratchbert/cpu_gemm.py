@@ -137,12 +137,23 @@ def runnable(kernel: str, dtype: torch.dtype) -> bool:
     return True
 
 
-AMX_BF16: bool = bool(CAPABILITIES and CAPABILITIES.get("amx_bf16", False))
-# Whether torch's bf16 kernels have hardware here: the CPU says so and oneDNN can use it (held to
-# AVX2 by ONEDNN_MAX_CPU_ISA, a CPU with AVX-512 BF16 runs bf16 as one without). None: unknown.
+def _isa_cap_allows_bf16() -> bool:
+    """Whether oneDNN's instruction-set cap (`ONEDNN_MAX_CPU_ISA`, if set) leaves it bf16 instructions.
+
+    The cap holds oneDNN below the CPU's own set, and torch's bf16 GEMMs are oneDNN's: capped at
+    AVX512_CORE (Skylake) or AVX2, a CPU with AVX-512 BF16 or AMX multiplies bf16 as one without
+    bf16 units does (emulated, or not at all). Unset, DEFAULT or ALL: no cap.
+    """
+    cap = (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "ALL").upper()
+    return cap in ("ALL", "DEFAULT") or "BF16" in cap or "AMX" in cap or cap.startswith(("AVX10", "AVX2_VNNI_2"))
+
+
+AMX_BF16: bool = bool(CAPABILITIES and CAPABILITIES.get("amx_bf16", False)) and _isa_cap_allows_bf16()
+# Whether torch's bf16 kernels have hardware here: the CPU says so, oneDNN's cap allows it, and a
+# trial call runs (without them, as on AVX2-only CPUs, oneDNN has no bf16 GEMM at all). None: unknown.
 BF16_UNITS: bool | None = None if CAPABILITIES is None else bool(
     (CAPABILITIES.get("amx_bf16", False) or CAPABILITIES.get("avx512_bf16", False))
-    and (not ONEDNN or runnable("onednn", torch.bfloat16)))
+    and _isa_cap_allows_bf16() and (not ONEDNN or runnable("onednn", torch.bfloat16)))
 
 # --------------------------------------------------------------------------------------------
 # The kernels

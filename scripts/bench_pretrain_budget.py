@@ -182,7 +182,7 @@ def held_out_mlm_accuracy(model_dir: Path, tokenizer, texts: list[str], max_seq_
     from scratchbert.training.collator import DataCollatorForPretraining
     from scratchbert.training.data import build_packed_dataset
     from scratchbert.training.collator import IndexedDataset, SeededCollator
-    from scratchbert.training.pretrain import EVAL_MLM_PROBABILITY, evaluate
+    from scratchbert.training.evaluation import EVAL_MLM_PROBABILITY, evaluate
 
     blocks = build_packed_dataset(texts, tokenizer, max_seq_length=max_seq_length)
     collate = SeededCollator(DataCollatorForPretraining(tokenizer, mlm_probability=EVAL_MLM_PROBABILITY), seed=1)

@@ -40,6 +40,13 @@ from scratchbert.training.pretrain import LOG_FILE, TOKENIZER_DIR, pretrain
 REPO = Path(__file__).resolve().parents[1]
 
 
+class TransformersBertForPreTraining(BertForPreTraining):
+    """transformers' BERT with the one method scratchbert's evaluation calls on a model: `mlm_logits`."""
+
+    def mlm_logits(self, hidden: torch.Tensor, labels: torch.Tensor | None):
+        return self.cls.predictions(hidden), labels
+
+
 def transformers_bert_with_scratchbert_init(config: BertConfig) -> BertForPreTraining:
     """transformers' BERT holding exactly the weights scratchbert's loop would start from.
 
@@ -54,7 +61,7 @@ def transformers_bert_with_scratchbert_init(config: BertConfig) -> BertForPreTra
     )  # fmt: skip
     reference = ScratchBertForPreTraining(ScratchBertConfig(**{name: getattr(config, name) for name in fields}))
     with torch.random.fork_rng(devices=[]):
-        model = BertForPreTraining(config)
+        model = TransformersBertForPreTraining(config)
     missing, unexpected = model.load_state_dict(reference.state_dict(), strict=False)
     if unexpected or [key for key in missing if "decoder" not in key]:  # the decoder is tied to the embeddings
         raise RuntimeError(f"state dicts differ: missing {missing}, unexpected {unexpected}")

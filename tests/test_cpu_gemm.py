@@ -518,9 +518,23 @@ def set_profile(monkeypatch, name: str) -> None:
 @pytest.mark.skipif(cpu_gemm.CAPABILITIES is None, reason="not an x86-64 CPU: the fast path treats it as unknown")
 def test_cpu_detection_reads_torch_cpu_capabilities_and_what_onednn_can_run():
     capabilities = torch.cpu.get_capabilities()
-    assert cpu_gemm.AMX_BF16 is bool(capabilities.get("amx_bf16", False))
+    capped = not cpu_gemm._isa_cap_allows_bf16()  # the AVX2 / AVX-512 stand-ins of .ci/run
+    assert cpu_gemm.AMX_BF16 is (bool(capabilities.get("amx_bf16", False)) and not capped)
     flags = bool(capabilities.get("amx_bf16", False) or capabilities.get("avx512_bf16", False))
-    assert cpu_gemm.BF16_UNITS is (flags and (not cpu_gemm.ONEDNN or cpu_gemm.runnable("onednn", torch.bfloat16)))
+    runs = not cpu_gemm.ONEDNN or cpu_gemm.runnable("onednn", torch.bfloat16)
+    assert cpu_gemm.BF16_UNITS is (flags and not capped and runs)
+
+
+@pytest.mark.parametrize("cap, allows", [(None, True), ("ALL", True), ("AVX2", False), ("avx512_core", False),
+                                         ("AVX512_CORE_VNNI", False), ("AVX512_CORE_BF16", True),
+                                         ("AVX512_CORE_AMX", True), ("AVX2_VNNI_2", True)])
+def test_onednn_isa_cap_decides_whether_bf16_units_count(monkeypatch, cap, allows):
+    monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
+    if cap is None:
+        monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    else:
+        monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)
+    assert cpu_gemm._isa_cap_allows_bf16() is allows
 
 
 def test_a_kernel_the_cpu_cannot_run_is_left_out_quietly_after_one_trial(monkeypatch, caplog):
