@@ -99,4 +99,6 @@ def test_bench_targets_say_met_or_not_met():
     row.ort_s, row.targets = None, [("ideal", 0.8), ("ORT", 1.3)]
     assert row.target_cell() == ">= 80% of ideal: met; >= 1.30x ORT: n/a"
     table = bench.format_table([row], {"fp32 MKL F.linear": 2e11, "bf16 oneDNN": 8e11}, threads=2)
-    assert "| – | 1,000 ms | **1.50x** |" in table and "fp32 MKL F.linear 200, bf16 oneDNN 800 GFLOP/s" in table
+    assert "| – | – | 1,000 ms | **1.50x** |" in table  # no ORT, no plain column in this row
+    row.plain_s, row.targets = 1.05, [("plain", 1.0)]
+    assert row.target_cell() == ">= 1.00x plain: met" and "| 1,050 ms | 1,000 ms |" in bench.format_table([row], {"fp32 MKL F.linear": 2e11}, 2) and "fp32 MKL F.linear 200, bf16 oneDNN 800 GFLOP/s" in table
