@@ -61,6 +61,8 @@ import heapq
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 
+from tqdm.auto import tqdm
+
 from scratchbert.errors import ScratchBertError
 
 __all__ = ["count_words", "segmentation_stats", "train_wordpiece_vocab"]
@@ -151,6 +153,114 @@ def _split_words(word_counts: Counter[str], alphabet: set[str], prefix: str) -> 
     return sorted(continuations), parts, part_counts
 
 
+def _initial_vocab(
+    word_counts: Counter[str], special_tokens: Sequence[str], limit_alphabet: int | None, prefix: str, vocab_size: int
+) -> tuple[list[str], list[list[int]], list[int]]:
+    """Steps 2-3: special tokens, then the alphabet, then its `##` forms; the words split into their ids.
+
+    Returns (the vocabulary so far in id order, the pieces of each word part as ids, the count
+    of each part). Raises when `vocab_size` cannot hold that vocabulary.
+    """
+    alphabet = _alphabet(word_counts, limit_alphabet)
+    continuations, parts, part_counts = _split_words(word_counts, set(alphabet), prefix)
+    vocab = list(dict.fromkeys([*special_tokens, *alphabet, *continuations]))  # a special token may also be a character
+    if vocab_size < len(vocab):
+        raise ScratchBertError(
+            f"vocab_size={vocab_size} is too small: the {len(special_tokens)} special tokens and the corpus's "
+            f"{len(alphabet)} characters (alone and as {prefix}-continuations) already take "
+            f"{len(vocab)} tokens; raise vocab_size to at least {len(vocab)}, or set limit_alphabet."
+        )
+    ids = {token: index for index, token in enumerate(vocab)}
+    return vocab, [[ids[piece] for piece in pieces] for pieces in parts], part_counts
+
+
+class _PairIndex:
+    """Step 4's bookkeeping (module docstring): the words as ids, `pair_counts`, `where` and the heap.
+
+    Every adjacent pair is counted once, here; after that, counts change only where merges happen.
+    """
+
+    def __init__(self, words: list[list[int]], counts: list[int], min_frequency: int):
+        self.words, self.counts = words, counts  # pieces as ids, merged in place; how often each word occurs
+        self.pair_counts: defaultdict[tuple[int, int], int] = defaultdict(int)
+        self.where: defaultdict[tuple[int, int], set[int]] = defaultdict(set)
+        for index, (word, count) in enumerate(zip(words, counts)):
+            for pair in zip(word, word[1:]):
+                self.pair_counts[pair] += count
+                self.where[pair].add(index)
+        # Pairs below the threshold are never merged, so they stay out of the heap until
+        # their count reaches it. Ties go to the pair with the smaller ids.
+        self.threshold = max(min_frequency, 1)
+        self.heap = [(-count, a, b) for (a, b), count in self.pair_counts.items() if count >= self.threshold]
+        heapq.heapify(self.heap)
+
+    def most_frequent(self) -> tuple[int, int] | None:
+        """The pair to merge next, or None when no pair is seen `min_frequency` times."""
+        while self.heap:
+            negative_count, a, b = heapq.heappop(self.heap)
+            if self.pair_counts.get((a, b)) == -negative_count:
+                return a, b
+            # else stale: the pair's count changed (a newer entry holds it) or it was merged
+        return None
+
+    def merge(self, a: int, b: int, new: int) -> None:
+        """Replace every (a, b) by `new` in the words that hold it, and update the pair counts."""
+        deltas, gained = self._replace(a, b, new)
+        for pair, delta in deltas.items():
+            if delta == 0:
+                continue
+            count = self.pair_counts[pair] + delta
+            if count > 0:
+                self.pair_counts[pair] = count
+                if count >= self.threshold:
+                    heapq.heappush(self.heap, (-count, *pair))
+            else:
+                del self.pair_counts[pair]
+        # `where` may keep words that lost a pair: merging there finds nothing, which is cheaper
+        # than tracking each word's pairs.
+        for pair, indices in gained.items():
+            self.where[pair].update(indices)
+
+    def _replace(self, a: int, b: int, new: int):
+        """Merge (a, b) left to right in each word that holds it; return how the pair counts change.
+
+        In  x a b y  the pairs (x, a), (a, b) and (b, y) go, (x, new) and (new, y) come, each as
+        often as the word occurs. Overlaps come out right on their own: in  a a a  merging
+        (a, a) also removes the second (a, a). Returns (count change per pair, words gaining each pair).
+        """
+        deltas: defaultdict[tuple[int, int], int] = defaultdict(int)
+        gained: defaultdict[tuple[int, int], list[int]] = defaultdict(list)
+        for index in self.where.pop((a, b)):
+            word, count = self.words[index], self.counts[index]
+            i = 0
+            while i < len(word) - 1:
+                if word[i] == a and word[i + 1] == b:
+                    deltas[a, b] -= count
+                    if i > 0:
+                        deltas[word[i - 1], a] -= count
+                        deltas[word[i - 1], new] += count
+                        gained[word[i - 1], new].append(index)
+                    if i + 2 < len(word):
+                        deltas[b, word[i + 2]] -= count
+                        deltas[new, word[i + 2]] += count
+                        gained[new, word[i + 2]].append(index)
+                    word[i : i + 2] = [new]
+                i += 1
+        return deltas, gained
+
+
+def _check_options(vocab_size, min_frequency, limit_alphabet, continuing_subword_prefix) -> None:
+    """Refuse options the trainer cannot honour, before the corpus is read."""
+    if not isinstance(vocab_size, int) or vocab_size < 1:
+        raise ScratchBertError(f"vocab_size={vocab_size!r}: it must be a positive integer.")
+    if not isinstance(min_frequency, int) or min_frequency < 0:
+        raise ScratchBertError(f"min_frequency={min_frequency!r}: it must be a non-negative integer.")
+    if limit_alphabet is not None and (not isinstance(limit_alphabet, int) or limit_alphabet < 1):
+        raise ScratchBertError(f"limit_alphabet={limit_alphabet!r}: it must be a positive integer or None.")
+    if not continuing_subword_prefix:
+        raise ScratchBertError("continuing_subword_prefix must be a non-empty string (BERT's is '##').")
+
+
 def train_wordpiece_vocab(
     batches_of_texts: Iterable[list[str]],
     *,
@@ -183,113 +293,27 @@ def train_wordpiece_vocab(
     Raises ValueError for an empty corpus or a `vocab_size` too small to hold the special
     tokens and the alphabet.
     """
-    if not isinstance(vocab_size, int) or vocab_size < 1:
-        raise ScratchBertError(f"vocab_size={vocab_size!r}: it must be a positive integer.")
-    if not isinstance(min_frequency, int) or min_frequency < 0:
-        raise ScratchBertError(f"min_frequency={min_frequency!r}: it must be a non-negative integer.")
-    if limit_alphabet is not None and (not isinstance(limit_alphabet, int) or limit_alphabet < 1):
-        raise ScratchBertError(f"limit_alphabet={limit_alphabet!r}: it must be a positive integer or None.")
-    if not continuing_subword_prefix:
-        raise ScratchBertError("continuing_subword_prefix must be a non-empty string (BERT's is '##').")
-
-    # 1. Count words.
-    word_counts = count_words(batches_of_texts, normalizer, pre_tokenizer)
+    _check_options(vocab_size, min_frequency, limit_alphabet, continuing_subword_prefix)
+    word_counts = count_words(batches_of_texts, normalizer, pre_tokenizer)  # 1.
     if not word_counts:
         raise ScratchBertError(
             "the training corpus is empty (no words after normalization and pre-tokenization): "
             "pass files or strings that contain text."
         )
-
-    # 2-3. The initial vocabulary: special tokens, then the alphabet, then its `##` forms.
-    alphabet = _alphabet(word_counts, limit_alphabet)
-    continuations, parts, part_counts = _split_words(word_counts, set(alphabet), continuing_subword_prefix)
-    vocab: list[str] = []  # id -> token
-    ids: dict[str, int] = {}  # token -> id
-    for token in [*special_tokens, *alphabet, *continuations]:
-        if token not in ids:  # a special token may also be a character
-            ids[token] = len(vocab)
-            vocab.append(token)
-    if vocab_size < len(vocab):
-        raise ScratchBertError(
-            f"vocab_size={vocab_size} is too small: the {len(special_tokens)} special tokens and the corpus's "
-            f"{len(alphabet)} characters (alone and as {continuing_subword_prefix}-continuations) already take "
-            f"{len(vocab)} tokens; raise vocab_size to at least {len(vocab)}, or set limit_alphabet."
-        )
-    words = [[ids[piece] for piece in pieces] for pieces in parts]  # pieces as ids, merged in place
-
-    # 4. Count every adjacent pair once; after this, counts change only where merges happen.
-    pair_counts: defaultdict[tuple[int, int], int] = defaultdict(int)
-    where: defaultdict[tuple[int, int], set[int]] = defaultdict(set)
-    for index, (word, count) in enumerate(zip(words, part_counts)):
-        for pair in zip(word, word[1:]):
-            pair_counts[pair] += count
-            where[pair].add(index)
-    # Pairs below the threshold are never merged, so they stay out of the heap until
-    # their count reaches it. Ties go to the pair with the smaller ids.
-    threshold = max(min_frequency, 1)
-    heap = [(-count, a, b) for (a, b), count in pair_counts.items() if count >= threshold]
-    heapq.heapify(heap)
-
-    progress = None
-    if show_progress:
-        from tqdm.auto import tqdm
-
-        progress = tqdm(total=vocab_size - len(vocab), desc="WordPiece merges", unit=" tokens")
-    while len(vocab) < vocab_size and heap:
-        negative_count, a, b = heapq.heappop(heap)
-        if pair_counts.get((a, b)) != -negative_count:
-            continue  # stale: the pair's count changed (a newer entry holds it) or it was merged
-
-        # The new token joins the two strings, dropping the right one's `##`:
-        # "play" + "##ing" -> "playing", "##in" + "##g" -> "##ing".
-        token = vocab[a] + vocab[b].removeprefix(continuing_subword_prefix)
-        if token not in ids:  # "abc" can come from "ab" + "##c" and from "a" + "##bc"
-            ids[token] = len(vocab)
-            vocab.append(token)
-            if progress is not None:
+    vocab, words, counts = _initial_vocab(word_counts, special_tokens, limit_alphabet, continuing_subword_prefix, vocab_size)
+    ids = {token: index for index, token in enumerate(vocab)}  # token -> id; vocab is id -> token
+    pairs = _PairIndex(words, counts, min_frequency)  # 4.
+    with tqdm(total=vocab_size - len(vocab), desc="WordPiece merges", unit=" tokens", disable=not show_progress) as progress:
+        while len(vocab) < vocab_size and (pair := pairs.most_frequent()) is not None:
+            a, b = pair
+            # The new token joins the two strings, dropping the right one's `##`:
+            # "play" + "##ing" -> "playing", "##in" + "##g" -> "##ing".
+            token = vocab[a] + vocab[b].removeprefix(continuing_subword_prefix)
+            if token not in ids:  # "abc" can come from "ab" + "##c" and from "a" + "##bc"
+                ids[token] = len(vocab)
+                vocab.append(token)
                 progress.update(1)
-        new = ids[token]
-
-        # Replace every (a, b) in the words that hold it, left to right, and record how
-        # the pair counts change: in  x a b y  the pairs (x, a), (a, b) and (b, y) go,
-        # (x, new) and (new, y) come, each as often as the word occurs. Overlaps come out
-        # right on their own: in  a a a  merging (a, a) also removes the second (a, a).
-        deltas: defaultdict[tuple[int, int], int] = defaultdict(int)
-        gained: defaultdict[tuple[int, int], list[int]] = defaultdict(list)
-        for index in where.pop((a, b)):
-            word, count = words[index], part_counts[index]
-            i = 0
-            while i < len(word) - 1:
-                if word[i] == a and word[i + 1] == b:
-                    deltas[a, b] -= count
-                    if i > 0:
-                        deltas[word[i - 1], a] -= count
-                        deltas[word[i - 1], new] += count
-                        gained[word[i - 1], new].append(index)
-                    if i + 2 < len(word):
-                        deltas[b, word[i + 2]] -= count
-                        deltas[new, word[i + 2]] += count
-                        gained[new, word[i + 2]].append(index)
-                    word[i : i + 2] = [new]
-                i += 1
-
-        for pair, delta in deltas.items():
-            if delta == 0:
-                continue
-            count = pair_counts[pair] + delta
-            if count > 0:
-                pair_counts[pair] = count
-                if count >= threshold:
-                    heapq.heappush(heap, (-count, *pair))
-            else:
-                del pair_counts[pair]
-        # `where` may keep words that lost a pair: merging there finds nothing, which is cheaper
-        # than tracking each word's pairs.
-        for pair, indices in gained.items():
-            where[pair].update(indices)
-
-    if progress is not None:
-        progress.close()
+            pairs.merge(a, b, ids[token])
     return vocab
 
 
