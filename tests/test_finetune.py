@@ -38,10 +38,17 @@ from scratchbert import (
 import scratchbert.commands
 from scratchbert.tokenization import tokenizer_from_vocab
 from scratchbert.training.finetune import (
+    COLLAPSE_ADVICE,
+    DEFAULT_EPOCHS,
+    DEFAULT_MIN_STEPS,
+    FinetuneConfig,
     checkpoint_head_size,
     checkpoint_label_order,
     classification_metrics,
+    collapse_of,
+    default_learning_rate,
     encode_labels,
+    fitted_schedule,
     label_names_of,
     load_sequence_classifier,
     make_trainer,
@@ -297,6 +304,10 @@ def test_finetune_cli_trains_saves_and_serves_a_pipeline(tmp_path, capsys, cli_m
     results = json.loads((out / "metrics.json").read_text())
     assert results["labels"] == ["neg", "pos"]
     assert results["validation"]["accuracy"] > 0.9  # the keyword task is learned, chance is 0.5
+    assert results["collapsed"] is None and json.loads(printed.strip().splitlines()[-1])["collapsed"] is None
+    # the flags win over the defaults fitted to the model and the data
+    assert results["schedule"]["learning_rate"] == 3e-3 and results["schedule"]["epochs"] == 6
+    assert results["schedule"]["chosen_by"] == {"learning_rate": "given", "epochs": "given"}
     assert results["test"]["accuracy"] == results["validation"]["accuracy"]  # same rows, same (best) model
     epochs = [entry for entry in results["log_history"] if "eval_accuracy" in entry]
     assert len(epochs) == 6 and results["validation"]["accuracy"] == max(e["eval_accuracy"] for e in epochs)
@@ -349,6 +360,95 @@ def test_finetune_from_a_datasets_folder_with_its_splits(tmp_path, capsys, cli_m
     assert results["test"]["accuracy"] >= 0 and results["labels"] == ["neg", "pos"]
     code, err = run_cli(cli_main, capsys, scratch_checkpoint, "--output-dir", tmp_path / "out2", "--dataset", folder, "--test-split", "dev")
     assert code == 2 and "has no split 'dev'" in err
+
+
+# --------------------------------------------------------------------------- defaults and collapse
+
+
+def test_defaults_follow_the_model_width_and_the_number_of_examples():
+    assert default_learning_rate(128) == default_learning_rate(256) == 3e-4  # tiny, mini (the BERT miniatures)
+    assert default_learning_rate(512) == 1e-4 and default_learning_rate(768) == 5e-5  # small/medium, base
+    config = FinetuneConfig("ckpt", output_dir="out")
+    assert config.learning_rate is None and config.epochs is None and config.min_steps == DEFAULT_MIN_STEPS
+    few = fitted_schedule(config, hidden_size=128, train_rows=405)  # 26 steps of 16 an epoch
+    assert few["learning_rate"] == 3e-4 and few["steps_per_epoch"] == 26
+    assert few["epochs"] == 12 and few["optimizer_steps"] == 312 >= DEFAULT_MIN_STEPS  # whole epochs, at least 300 steps
+    many = fitted_schedule(config, hidden_size=768, train_rows=25_000)
+    assert many["epochs"] == DEFAULT_EPOCHS and many["learning_rate"] == 5e-5
+    accumulated = fitted_schedule(FinetuneConfig("ckpt", output_dir="out", gradient_accumulation_steps=2, min_steps=100), 128, 405)
+    assert accumulated["steps_per_epoch"] == 13 and accumulated["epochs"] == 8
+    given = fitted_schedule(FinetuneConfig("ckpt", output_dir="out", learning_rate=1e-5, epochs=1), 128, 405)
+    assert (given["learning_rate"], given["epochs"], given["optimizer_steps"]) == (1e-5, 1, 26)
+    assert given["chosen_by"] == {"learning_rate": "given", "epochs": "given"}
+    with pytest.raises(ValueError, match="min_steps=-1"):
+        FinetuneConfig("ckpt", output_dir="out", min_steps=-1)
+
+
+def test_a_config_file_sets_what_the_defaults_would_and_flags_win_over_it(tmp_path):
+    from scratchbert.training.config_file import read_config_file
+
+    path = tmp_path / "finetune.yaml"
+    path.write_text("learning_rate: 2.0e-4\nepochs: 5\n")
+    config, sources = FinetuneConfig.resolve(read_config_file(path), {"checkpoint": "ckpt", "output_dir": "out", "learning_rate": 1e-3})
+    assert (config.learning_rate, config.epochs) == (1e-3, 5) and sources["learning_rate"] == "flag" and sources["epochs"] == "file"
+    assert fitted_schedule(config, 128, 405)["chosen_by"] == {"learning_rate": "given", "epochs": "given"}
+
+
+def test_collapse_is_one_class_predicted_where_the_labels_are_spread():
+    names = ["neg", "pos"]
+    labels = np.array([0] * 70 + [1] * 30)
+    assert collapse_of(np.zeros(100, dtype=int), labels, names) == {"class": "neg", "predicted_share": 1.0, "label_share": 0.7}
+    assert collapse_of(np.array([1] * 96 + [0] * 4), labels, names)["class"] == "pos"  # 96% one class is collapsed
+    assert collapse_of(np.array([0] * 94 + [1] * 6), labels, names) is None  # 94% is not
+    assert collapse_of(labels, labels, names) is None
+    assert collapse_of(np.zeros(100, dtype=int), np.array([0] * 97 + [1] * 3), names) is None  # the labels are one class too
+
+
+@pytest.fixture(scope="module")
+def one_class_checkpoint(tmp_path_factory, tokenizer):
+    """A classifier whose head's bias says "neg" whatever the text: a collapsed classifier to start from."""
+    folder = tmp_path_factory.mktemp("one_class")
+    torch.manual_seed(0)
+    model = ScratchBertForSequenceClassification(tiny_config(num_labels=2, id2label={0: "neg", 1: "pos"}, label2id={"neg": 0, "pos": 1}))
+    with torch.no_grad():
+        model.classifier.bias.copy_(torch.tensor([20.0, -20.0]))
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_a_collapsed_classifier_is_reported(tmp_path, caplog, capsys, cli_main, one_class_checkpoint):
+    train = write_csv(tmp_path / "train.csv", sentiment_rows(64, seed=12))
+    validation = write_csv(tmp_path / "validation.csv", sentiment_rows(48, seed=13))
+    out = tmp_path / "out"
+    argv = ["--train-file", train, "--validation-file", validation, "--test-file", validation, "--output-dir", out,
+            "--epochs", "2", "--learning-rate", "1e-7", "--no-show-progress"]  # fmt: skip
+    with caplog.at_level("WARNING"):
+        code = cli_main(["finetune", str(one_class_checkpoint), *map(str, argv)])
+    assert code == 0
+    results = json.loads((out / "metrics.json").read_text())
+    collapsed = results["collapsed"]
+    labels = [row["label"] for row in sentiment_rows(48, seed=13)]
+    assert collapsed["validation"] == {"class": "neg", "predicted_share": 1.0, "label_share": round(labels.count("neg") / 48, 4)}
+    assert collapsed["test"] == collapsed["validation"] and collapsed["epochs_collapsed"] == "2 of 2"
+    assert collapsed["advice"] == COLLAPSE_ADVICE and "--learning-rate" in COLLAPSE_ADVICE and "labels" in COLLAPSE_ADVICE
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["collapsed"] == collapsed  # the printed summary
+    warnings = [record.getMessage() for record in caplog.records if record.levelname == "WARNING"]
+    assert any("COLLAPSED" in message and "'neg' to 100% of the validation examples" in message for message in warnings), warnings
+
+
+def test_without_epochs_training_takes_at_least_min_steps(tmp_path, capsys, cli_main, scratch_checkpoint):
+    train = write_csv(tmp_path / "train.csv", sentiment_rows(64, seed=14))  # 4 steps of 16 an epoch
+    out = tmp_path / "out"
+    code, err = run_cli(
+        cli_main, capsys, scratch_checkpoint, "--train-file", train, "--validation-file", train, "--output-dir", out,
+        "--min-steps", "20", "--no-show-progress",
+    )  # fmt: skip
+    assert code == 0, err
+    results = json.loads((out / "metrics.json").read_text())
+    assert results["schedule"]["epochs"] == 5 and results["schedule"]["optimizer_steps"] == 20
+    assert results["schedule"]["learning_rate"] == default_learning_rate(TINY["hidden_size"])
+    assert results["train"]["epoch"] == 5 and len([e for e in results["log_history"] if "eval_accuracy" in e]) == 5
 
 
 # --------------------------------------------------------------------------- token classification and QA

@@ -15,7 +15,8 @@ def add_parser(subparsers) -> None:
         "finetune",
         help="fine-tune a BERT checkpoint as a text classifier",
         description="Fine-tune a scratchbert or transformers BERT checkpoint as a text (or text-pair) classifier "
-        "with transformers.Trainer; evaluates accuracy and macro-F1 each epoch and saves the best epoch.",
+        "with transformers.Trainer; evaluates accuracy and macro-F1 each epoch, saves the best epoch, and says so "
+        "when the classifier gives (nearly) every example one class.",
     )
     add_config_arguments(parser, FinetuneConfig)
     parser.set_defaults(func=run)
@@ -25,5 +26,6 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     results = finetune(config_from_args(args, FinetuneConfig))
     summary = {split: {k: results[split][k] for k in ("accuracy", "macro_f1")} for split in ("validation", "test") if split in results}
+    summary["collapsed"] = results["collapsed"]  # None, or the one-class answer and what to try (also warned above)
     print(json.dumps(summary))
     return 0

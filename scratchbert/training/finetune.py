@@ -13,8 +13,10 @@ tokenizer) into a text classifier, in five steps that each have a function here:
                             checkpoints load too), checking the size of an existing head.
 4. `make_trainer`           a `Trainer` with `processing_class=tokenizer` and dynamic padding,
                             correct under gradient accumulation (see there).
-5. `finetune(FinetuneConfig)`  train with evaluation each epoch, keep the best epoch,
-                            save model + tokenizer + metrics with `save_pretrained`.
+5. `finetune(FinetuneConfig)`  fit the learning rate and epochs not given to the model and
+                            the data (`fitted_schedule`), train with evaluation each epoch,
+                            keep the best epoch, say so when it gives (nearly) every example
+                            one class (`report_collapse`), save model + tokenizer + metrics.
                             (`finetune_text_classification(checkpoint, out, **options)` is the
                             same with the options as keyword arguments; `scratchbert finetune`
                             builds the `FinetuneConfig` from its flags and a --config file.)
@@ -58,6 +60,23 @@ SPLIT_OPTIONS = (
     "validation_split", "test_split", "validation_fraction", "max_train_samples", "max_eval_samples", "seed",
 )  # fmt: skip
 HEAD_KEY = "classifier.weight"  # (K, H) weight of BERT's classification head, in every BERT checkpoint
+DOCS = "docs/finetuning.md"  # what was measured, and why the defaults are what they are
+
+# Defaults fitted to the model and the data, used where no flag or file sets the option (DOCS).
+# A narrow encoder needs larger steps than BERT-base's 5e-5 (Google fine-tuned its BERT
+# miniatures at up to 3e-4, Turc et al. 2019): the peak learning rate by hidden size H, as
+# (largest H, rate).
+LEARNING_RATES_BY_WIDTH = ((256, 3e-4), (512, 1e-4), (math.inf, 5e-5))
+DEFAULT_EPOCHS = 3  # BERT's; with few labels, epochs are added until there are `min_steps` optimizer steps
+DEFAULT_MIN_STEPS = 300
+# A classifier that gives this share (or more) of the examples one class, where the labels are
+# more spread than that, has learned the class balance instead of the task: it is reported.
+COLLAPSE_SHARE = 0.95
+COLLAPSE_ADVICE = (
+    "the classifier learned the class balance, not the task. Try a higher --learning-rate (narrow models take "
+    "1e-4 to 1e-3), more optimizer steps (--epochs, or --min-steps without --epochs), and check that the labels "
+    "belong to the texts (--text-column, --label-column)."
+)
 
 
 # ---------------------------------------------------------------------------
@@ -371,10 +390,33 @@ def classification_metrics(predictions: np.ndarray, references: np.ndarray) -> d
 
 
 def sequence_classification_metrics(eval_prediction) -> dict[str, float]:
-    """`compute_metrics` for Trainer: logits (N, K) and labels (N,) -> accuracy, macro-F1."""
-    logits = eval_prediction.predictions
+    """`compute_metrics` for Trainer: logits (N, K) and labels (N,) -> accuracy, macro-F1, and the
+    share of the examples given the most predicted class (`top_class_share`: near 1 is a collapse)."""
+    predictions = predicted_classes(eval_prediction.predictions)
+    top_class_share = np.bincount(predictions).max() / predictions.size
+    return {**classification_metrics(predictions, eval_prediction.label_ids), "top_class_share": float(top_class_share)}
+
+
+def predicted_classes(logits) -> np.ndarray:
+    """Logits (N, K), or a tuple whose first item they are -> predicted class ids (N,)."""
     logits = logits[0] if isinstance(logits, tuple) else logits
-    return classification_metrics(logits.argmax(-1), eval_prediction.label_ids)
+    return np.asarray(logits).argmax(-1)
+
+
+def collapse_of(predictions: np.ndarray, references: np.ndarray, label_names: Sequence[str], share: float = COLLAPSE_SHARE) -> dict | None:
+    """The class that (nearly) every prediction names, when the references are spread: else None.
+
+    Collapsed means at least `share` of the predictions (N,) are one class while under `share`
+    of the references (N,) are any one class. Returns {"class", "predicted_share", "label_share"}:
+    the class's name, its share of the predictions and of the references.
+    """
+    predictions, references = np.asarray(predictions), np.asarray(references)
+    counts = np.bincount(predictions, minlength=len(label_names))
+    top = int(counts.argmax())
+    predicted_share = counts[top] / predictions.size
+    if predicted_share < share or np.bincount(references).max() / references.size >= share:
+        return None
+    return {"class": label_names[top], "predicted_share": round(float(predicted_share), 4), "label_share": round(float(np.mean(references == top)), 4)}
 
 
 def token_classification_metrics(eval_prediction) -> dict[str, float]:
@@ -469,11 +511,18 @@ class FinetuneConfig(ConfigFile):
         default="head", metadata={"choices": TRUNCATIONS, "help": "which tokens of a long text to keep: the first ones, or the first quarter and the last three quarters"}
     )
     # --- training ---
-    epochs: float = field(default=3.0, metadata={"help": "passes over the training data"})
+    epochs: float | None = field(
+        default=None, metadata={"help": f"passes over the training data (default: {DEFAULT_EPOCHS}, or more to reach --min-steps)"}
+    )
+    min_steps: int = field(
+        default=DEFAULT_MIN_STEPS, metadata={"help": "without --epochs, add epochs until training takes at least this many optimizer steps"}
+    )
     batch_size: int = field(default=16, metadata={"help": "examples per step"})
     eval_batch_size: int = field(default=64, metadata={"help": "examples per evaluation batch"})
     gradient_accumulation_steps: int = field(default=1, metadata={"help": "forward passes per optimizer step"})
-    learning_rate: float = field(default=5e-5, metadata={"help": "peak learning rate of AdamW"})
+    learning_rate: float | None = field(
+        default=None, metadata={"help": f"peak learning rate of AdamW (default: by the model's hidden size, from 3e-4 to 5e-5: {DOCS})"}
+    )
     weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay"})
     warmup_ratio: float = field(default=0.1, metadata={"help": "fraction of steps with a linear warmup"})
     best_metric: str = field(default="macro_f1", metadata={"choices": METRICS, "help": "picks the epoch that is kept"})
@@ -497,8 +546,12 @@ class FinetuneConfig(ConfigFile):
             raise ScratchBertError("give --output-dir: the folder the fine-tuned model goes to.")
         for name in ("epochs", "batch_size", "eval_batch_size", "gradient_accumulation_steps", "learning_rate", "logging_steps"):
             value = getattr(self, name)
+            if value is None and name in ("epochs", "learning_rate"):
+                continue  # fitted to the model and the data when the run starts (`fitted_schedule`)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
                 raise ScratchBertError(f"{name}={value!r}: it must be a positive number (--{name.replace('_', '-')}).")
+        if isinstance(self.min_steps, bool) or not isinstance(self.min_steps, int) or self.min_steps < 0:
+            raise ScratchBertError(f"min_steps={self.min_steps!r}: it must be a whole number, 0 or more (--min-steps).")
         if self.best_metric not in METRICS:
             raise ScratchBertError(f"best_metric must be one of {', '.join(METRICS)}, got {self.best_metric!r}.")
         if self.truncation not in TRUNCATIONS:
@@ -516,6 +569,78 @@ def _check_output_dir(output_dir: Path, overwrite: bool) -> None:
         )
 
 
+def default_learning_rate(hidden_size: int) -> float:
+    """The peak learning rate for an encoder of width `hidden_size` (`LEARNING_RATES_BY_WIDTH`)."""
+    return next(rate for width, rate in LEARNING_RATES_BY_WIDTH if hidden_size <= width)
+
+
+def optimizer_steps_per_epoch(train_rows: int, batch_size: int, gradient_accumulation_steps: int = 1) -> int:
+    """Optimizer steps in one pass over `train_rows` examples, counted as `Trainer` does (one process)."""
+    return max(math.ceil(math.ceil(train_rows / batch_size) / gradient_accumulation_steps), 1)
+
+
+def fitted_schedule(config: FinetuneConfig, hidden_size: int, train_rows: int) -> dict[str, Any]:
+    """The learning rate and the number of epochs of the run, and where each came from.
+
+    A value given in `config` (a flag or a file) is used as it is. Otherwise the learning rate
+    follows the model's width (`default_learning_rate`) and the epochs are `DEFAULT_EPOCHS`, or
+    as many whole epochs as it takes to make `config.min_steps` optimizer steps: 400 labelled
+    examples in batches of 16 make 25 steps an epoch, too few updates in 3 epochs for a small
+    model to leave the majority class.
+
+    Returns:
+        {"learning_rate", "epochs", "optimizer_steps", "steps_per_epoch", "chosen_by": {option: why}}
+    """
+    per_epoch = optimizer_steps_per_epoch(train_rows, config.batch_size, config.gradient_accumulation_steps)
+    chosen_by = {}
+    learning_rate, epochs = config.learning_rate, config.epochs
+    if learning_rate is None:
+        learning_rate = default_learning_rate(hidden_size)
+        chosen_by["learning_rate"] = f"default for hidden size {hidden_size}"
+    else:
+        chosen_by["learning_rate"] = "given"
+    if epochs is None:
+        epochs = max(DEFAULT_EPOCHS, math.ceil(config.min_steps / per_epoch))
+        chosen_by["epochs"] = f"default: {DEFAULT_EPOCHS}, or enough for --min-steps {config.min_steps}"
+    else:
+        chosen_by["epochs"] = "given"
+    return {
+        "learning_rate": learning_rate,
+        "epochs": epochs,
+        "optimizer_steps": math.ceil(epochs * per_epoch),
+        "steps_per_epoch": per_epoch,
+        "chosen_by": chosen_by,
+    }
+
+
+def report_collapse(trainer, outputs: dict, label_names: Sequence[str]) -> dict | None:
+    """Whether the kept model gives (nearly) every example one class (`collapse_of`), split by split.
+
+    `outputs` maps split names to `Trainer.predict` outputs. Returns None, or the collapsed
+    splits with "epochs_collapsed" ("E of N" evaluated epochs) and "advice"; each is also logged
+    as a warning.
+    """
+    collapsed = {}
+    for split, output in outputs.items():
+        found = collapse_of(predicted_classes(output.predictions), output.label_ids, label_names)
+        if found is not None:
+            collapsed[split] = found
+    if not collapsed:
+        return None
+    epochs = [entry["eval_top_class_share"] for entry in trainer.state.log_history if "eval_top_class_share" in entry]
+    collapsed["epochs_collapsed"] = f"{sum(share >= COLLAPSE_SHARE for share in epochs)} of {len(epochs)}"
+    collapsed["advice"] = COLLAPSE_ADVICE
+    for split in outputs:
+        if split in collapsed:
+            found = collapsed[split]
+            logger.warning(
+                "COLLAPSED: the classifier gives %r to %.0f%% of the %s examples (%.0f%% of their labels are %r; "
+                "collapsed in %s epochs): %s", found["class"], 100 * found["predicted_share"], split,
+                100 * found["label_share"], found["class"], collapsed["epochs_collapsed"], COLLAPSE_ADVICE,
+            )  # fmt: skip
+    return collapsed
+
+
 def finetune_text_classification(checkpoint: str | Path, output_dir: str | Path, *, model_class=None, **options) -> dict[str, Any]:
     """Fine-tune `checkpoint` as a text (or text-pair) classifier and save it to `output_dir`.
 
@@ -529,20 +654,24 @@ def finetune_text_classification(checkpoint: str | Path, output_dir: str | Path,
 def finetune(config: FinetuneConfig, model_class=None) -> dict[str, Any]:
     """Fine-tune as `config` says.
 
-    Evaluates accuracy and macro-F1 on the validation split after every epoch, reloads the
-    epoch with the best `best_metric` at the end, optionally scores a test split with it,
-    and saves model (with `id2label`/`label2id`), tokenizer and `metrics.json`. Epoch
-    checkpoints go to `output_dir/checkpoints`.
+    Learning rate and epochs not given are fitted to the model's width and the number of
+    training examples (`fitted_schedule`). Evaluates accuracy and macro-F1 on the validation
+    split after every epoch, reloads the epoch with the best `best_metric` at the end,
+    optionally scores a test split with it, reports a classifier that gives (nearly) every
+    example one class (`report_collapse`), and saves model (with `id2label`/`label2id`),
+    tokenizer and `metrics.json`. Epoch checkpoints go to `output_dir/checkpoints`.
 
     Returns:
-        {"labels": [...], "validation": {...}, "test": {...} (when a test split is given),
-         "train": {...}} with metrics named without Trainer's "eval_" prefix.
+        {"labels": [...], "schedule": {...}, "validation": {...}, "test": {...} (when a test
+         split is given), "train": {...}, "collapsed": None or {split: {...}, "advice": ...}}
+        with metrics named without Trainer's "eval_" prefix.
     """
     from transformers import TrainingArguments, set_seed
 
     checkpoint, max_length = config.checkpoint, config.max_length
     check_weights(checkpoint)  # a missing, truncated or corrupt weight file fails here, in one line
-    positions = read_model_config(checkpoint).get("max_position_embeddings", 512)
+    model_config = read_model_config(checkpoint)
+    positions = model_config.get("max_position_embeddings", 512)
     if max_length is None:
         max_length = min(DEFAULT_MAX_LENGTH, positions)
     if not 2 <= max_length <= positions:
@@ -562,15 +691,21 @@ def finetune(config: FinetuneConfig, model_class=None) -> dict[str, Any]:
     splits = encode_labels(splits, config.label_column, label_names)
     splits = tokenize_splits(splits, tokenizer, config.text_column, config.text_pair_column, max_length, config.truncation)
 
+    schedule = fitted_schedule(config, model_config.get("hidden_size", 768), len(splits["train"]))
+    logger.info(
+        "learning rate %g (%s), %g epochs of %d optimizer steps (%s)", schedule["learning_rate"], schedule["chosen_by"]["learning_rate"],
+        schedule["epochs"], schedule["steps_per_epoch"], schedule["chosen_by"]["epochs"],
+    )  # fmt: skip
+
     set_seed(config.seed)  # the new head's initialisation and the data order
     model = load_sequence_classifier(checkpoint, label_names, reinit_head=config.reinit_head, model_class=model_class)
     args = TrainingArguments(
         output_dir=str(output_dir / "checkpoints"),
-        num_train_epochs=config.epochs,
+        num_train_epochs=schedule["epochs"],
         per_device_train_batch_size=config.batch_size,
         per_device_eval_batch_size=config.eval_batch_size,
         gradient_accumulation_steps=config.gradient_accumulation_steps,
-        learning_rate=config.learning_rate,
+        learning_rate=schedule["learning_rate"],
         weight_decay=config.weight_decay,
         warmup_steps=config.warmup_ratio,  # a float in [0, 1) is a fraction of the total steps
         eval_strategy="epoch",
@@ -597,12 +732,17 @@ def finetune(config: FinetuneConfig, model_class=None) -> dict[str, Any]:
     best_epoch = next(e for e in trainer.state.log_history if e.get("step") == trainer.state.best_global_step and "eval_loss" in e)
     results = {
         "labels": label_names,
+        "schedule": schedule,
         "train": unprefixed(train_output.metrics, "train_"),
         "validation": unprefixed(best_epoch, "eval_"),
         "best_checkpoint": trainer.state.best_model_checkpoint,
     }
+    # The kept model's predictions, to check them for a one-class answer (the test split's scores come with them).
+    outputs = {"validation": trainer.predict(splits["validation"], metric_key_prefix="eval")}
     if "test" in splits:
-        results["test"] = unprefixed(trainer.evaluate(splits["test"], metric_key_prefix="test"), "test_")
+        outputs["test"] = trainer.predict(splits["test"], metric_key_prefix="test")
+        results["test"] = unprefixed(outputs["test"].metrics, "test_")
+    results["collapsed"] = report_collapse(trainer, outputs, label_names)
     trainer.save_model(str(output_dir))  # save_pretrained of the model and of the tokenizer
     results["log_history"] = trainer.state.log_history
     (output_dir / "metrics.json").write_text(json.dumps(results, indent=2) + "\n")
