@@ -34,8 +34,9 @@ from transformers import BertConfig, BertForPreTraining
 
 from scratchbert import ScratchBertConfig, ScratchBertForPreTraining
 from scratchbert.training.config import PretrainConfig
+from scratchbert.training.corpus import TOKENIZER_DIR
 from scratchbert.training.plotting import plot_loss_comparison, read_log
-from scratchbert.training.pretrain import LOG_FILE, TOKENIZER_DIR, pretrain
+from scratchbert.training.pretrain import LOG_FILE, pretrain
 
 REPO = Path(__file__).resolve().parents[1]
 

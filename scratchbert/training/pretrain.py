@@ -8,10 +8,10 @@ One loop, the same on a laptop core or a cluster, written with Hugging Face Acce
 
 `pretrain(config)` reads as four steps, each a function below:
 
-  1. `setup`     `PretrainConfig` -> an `Accelerator`; the corpus, the tokenizer and the
-                 example datasets (`corpus.py`) are built and checked *before* the output
+  1. `setup`     `PretrainConfig` -> an `Accelerator` (`accelerator.py`); the corpus, the tokenizer
+                 and the example datasets (`corpus.py`) are built and checked *before* the output
                  folder is touched (a bad input never damages a finished run); then the folder is
-                 prepared, and the model (`ScratchBertForMaskedLM`, or with NSP
+                 prepared (`output_folder.py`), and the model (`ScratchBertForMaskedLM`, or with NSP
                  `ScratchBertForPreTraining`), AdamW and the schedule (over steps or, with
                  `--time-budget`, over elapsed training time: `schedules.py`) are made and `prepare`d.
                  The recipe (config.RECIPES) decides what the examples are: contiguous
@@ -20,7 +20,7 @@ One loop, the same on a laptop core or a cluster, written with Hugging Face Acce
   2. `resume`    with `--resume`, the latest checkpoint's weights, optimizer, schedule,
                  RNG states and position in the data.
   3. `train`     `accumulate` / `backward` / clip / step, until max_steps or the budget;
-                 each optimizer step then logs, evaluates (`evaluation.py`: held-out MLM
+                 each optimizer step then logs (`run_log.py`), evaluates (`evaluation.py`: held-out MLM
                  loss / accuracy / perplexity and NSP accuracy, at 15% masking whatever the
                  training rate) and checkpoints on its schedule (`after_step`).
   4. `finish`    `save_pretrained` of model and tokenizer (loadable with the Auto classes
@@ -39,25 +39,26 @@ Exact resumption needs every random draw to be reproducible from the checkpoint:
 
 from __future__ import annotations
 
-import json
+import gc
 import math
-import os
-import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration, set_seed
+from accelerate.utils import set_seed
 from torch.utils.data import DataLoader
 
-from scratchbert.errors import NonFiniteLossError, ScratchBertError
+from scratchbert.configuration_scratchbert import ScratchBertConfig
+from scratchbert.errors import NonFiniteLossError
+from scratchbert.inspection import fill_mask, load_masked_lm
+from scratchbert.modeling_scratchbert import ScratchBertForMaskedLM, ScratchBertForPreTraining
 from scratchbert.training import checkpoint as ckpt
+from scratchbert.training.accelerator import build_accelerator
 from scratchbert.training.collator import SeededCollator
 from scratchbert.training.config import PretrainConfig
 from scratchbert.training.corpus import (
-    TOKENIZER_DIR,
     build_datasets,
     check_vocabulary,
     load_corpus,
@@ -66,13 +67,10 @@ from scratchbert.training.corpus import (
     split_documents,
 )
 from scratchbert.training.evaluation import evaluate, weight_checksum
+from scratchbert.training.output_folder import CURVES_FILE, LOG_FILE, check_output_dir, prepare_output_dir, save_final_model
+from scratchbert.training.plotting import plot_training_curves, read_log
+from scratchbert.training.run_log import RunLog, progress_bar, train_record
 from scratchbert.training.schedules import TimeBudgetSchedule, TrainingClock, make_scheduler, parameter_groups
-
-LOG_FILE = "train_log.jsonl"
-CURVES_FILE = "training_curves.png"
-CONFIG_FILE = "pretrain_config.json"
-# What a finished run leaves in its folder besides checkpoints/ (the model, its tokenizer, the record).
-FINAL_FILES = ("config.json", "model.safetensors", "pytorch_model.bin", "generation_config.json", LOG_FILE, CURVES_FILE)
 
 # Shown after the demo run (no --train-files / --dataset): sentences in the style of the
 # Python documentation the embedded corpus comes from, not copied from it. That text quotes
@@ -87,111 +85,7 @@ DEMO_SENTENCES = (
 
 
 # ---------------------------------------------------------------------------------------------
-# 1. The accelerator
-# ---------------------------------------------------------------------------------------------
-def _has_accelerator_device() -> bool:
-    return torch.cuda.is_available() or (hasattr(torch, "accelerator") and torch.accelerator.is_available())
-
-
-def build_accelerator(config: PretrainConfig) -> Accelerator:
-    """An Accelerator for this run; on a machine without GPUs, several processes use gloo on CPU.
-
-    FSDP and DeepSpeed need accelerator devices: on a CPU-only machine a launch that asks for
-    them is refused with the DDP command to use instead, never silently turned into DDP.
-    """
-    has_device = _has_accelerator_device()
-    if config.mixed_precision == "fp16" and not has_device:
-        raise ScratchBertError("mixed_precision='fp16' needs a GPU; on CPU use --mixed-precision bf16 (or no).")
-    for variable, name in (("ACCELERATE_USE_FSDP", "FSDP"), ("ACCELERATE_USE_DEEPSPEED", "DeepSpeed")):
-        if os.environ.get(variable, "false").lower() in ("1", "true", "yes") and not has_device:
-            raise ScratchBertError(
-                f"{name} shards the model across GPUs, and this machine has none. On CPU, run data-parallel (DDP over "
-                "gloo) instead: `accelerate launch --multi_gpu --num_processes 2 -m scratchbert.commands.pretrain ...` (no GPU needed)."
-            )
-    trackers = _trackers(config.report_to)
-    return Accelerator(
-        # Without an accelerator device, `cpu=True` makes a multi-process launch (even
-        # `--multi_gpu`) use gloo DDP on CPU instead of quietly running N copies alone.
-        cpu=not has_device,
-        mixed_precision=config.mixed_precision,
-        gradient_accumulation_steps=config.gradient_accumulation_steps,
-        log_with=trackers or None,
-        project_config=ProjectConfiguration(project_dir=config.output_dir, logging_dir=str(Path(config.output_dir) / "logs")),
-        # The seedable sampler shuffles with (data_seed + epoch), so the order of any epoch
-        # can be replayed after a restart.
-        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=config.seed),
-        # We step the scheduler once per optimizer step ourselves; by default Accelerate
-        # steps it once per process, for schedules written in single-process steps.
-        step_scheduler_with_optimizer=False,
-    )
-
-
-def _trackers(report_to: str) -> list[str]:
-    if report_to == "none":
-        return []
-    if report_to == "auto":
-        from accelerate.utils import is_tensorboard_available
-
-        return ["tensorboard"] if is_tensorboard_available() else []
-    return [name.strip() for name in report_to.split(",") if name.strip()]
-
-
-# ---------------------------------------------------------------------------------------------
-# 2. The output folder: decided first, touched only once the inputs are known to be good
-# ---------------------------------------------------------------------------------------------
-def check_output_dir(config: PretrainConfig) -> dict | None:
-    """Decide between a fresh start and a resumption; return the checkpoint's state to resume from.
-
-    Reads the folder only. Raises a ScratchBertError when output_dir holds a run (its
-    checkpoints, or a finished model) and neither --resume nor --overwrite says what to do,
-    or when the checkpoint belongs to a different run.
-    """
-    output_dir = Path(config.output_dir)
-    if output_dir.exists() and not output_dir.is_dir():
-        raise ScratchBertError(f"--output-dir {output_dir} is a file, not a directory: choose another path.")
-    existing = ckpt.list_checkpoints(output_dir)
-    if config.overwrite:
-        return None
-    if not config.resume:
-        if existing:
-            held = f"checkpoints up to {existing[-1][1].name}"
-        elif any((output_dir / name).exists() for name in (CONFIG_FILE, "config.json", "model.safetensors")):
-            held = "a saved model or a run's configuration"
-        else:
-            return None
-        raise ScratchBertError(
-            f"{output_dir} already holds a run ({held}). Pass --resume to continue it, --overwrite to start over "
-            "(its model and checkpoints are replaced once the new run's data is ready), or choose another --output-dir."
-        )
-    if not existing:
-        return None
-    latest = existing[-1][1]
-    state = ckpt.check_compatible(latest, config.to_dict())
-    state["path"] = str(latest)
-    return state
-
-
-def prepare_output_dir(config: PretrainConfig, accelerator: Accelerator, tokenizer, fresh_start: bool) -> None:
-    """Make the folder ready for the run, once its inputs are known to be good (main process writes).
-
-    With --overwrite the old checkpoints and final model go only now, after the new run's data
-    was built. A fresh start saves its tokenizer; a resumed run keeps the one it started with.
-    """
-    output_dir = Path(config.output_dir)
-    if accelerator.is_main_process:
-        if config.overwrite:
-            shutil.rmtree(output_dir / ckpt.CHECKPOINTS, ignore_errors=True)
-            for name in FINAL_FILES:
-                (output_dir / name).unlink(missing_ok=True)
-        output_dir.mkdir(parents=True, exist_ok=True)
-        config.save(output_dir / CONFIG_FILE)
-        if fresh_start or not (output_dir / TOKENIZER_DIR).is_dir():
-            tokenizer.save_pretrained(output_dir / TOKENIZER_DIR)
-    accelerator.wait_for_everyone()
-
-
-# ---------------------------------------------------------------------------------------------
-# 3. The model
+# 1. The model
 # ---------------------------------------------------------------------------------------------
 def build_model(config: PretrainConfig, tokenizer, vocab_size: int, model_class=None, config_class=None):
     """A freshly initialised pretraining model of `vocab_size` tokens, checked against the tokenizer.
@@ -201,8 +95,6 @@ def build_model(config: PretrainConfig, tokenizer, vocab_size: int, model_class=
     a fine-tuned classifier starts its pooler fresh (as from transformers' `run_mlm.py`).
     """
     if model_class is None:
-        from scratchbert import ScratchBertConfig, ScratchBertForMaskedLM, ScratchBertForPreTraining
-
         model_class, config_class = ScratchBertForPreTraining if config.nsp else ScratchBertForMaskedLM, ScratchBertConfig
     model_config = config_class(vocab_size=vocab_size, pad_token_id=tokenizer.pad_token_id, **config.model_kwargs())
     check_vocabulary(tokenizer, model_config)
@@ -235,34 +127,7 @@ def init_positions_sinusoidal(table: torch.nn.Embedding, std: float) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# 4. Logging
-# ---------------------------------------------------------------------------------------------
-class RunLog:
-    """The always-on JSONL log (main process) plus Accelerate's trackers."""
-
-    def __init__(self, accelerator: Accelerator, path: Path, resume_step: int | None):
-        self.accelerator = accelerator
-        self.path = path
-        if accelerator.is_main_process:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            if resume_step is None:
-                path.write_text("", encoding="utf-8")
-            elif path.exists():  # drop what the interrupted run logged after its last checkpoint
-                kept = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-                kept = [line for line in kept if json.loads(line).get("step", 0) <= resume_step]
-                path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
-
-    def write(self, record: dict) -> None:
-        if not self.accelerator.is_main_process:
-            return
-        with open(self.path, "a", encoding="utf-8") as handle:
-            handle.write(json.dumps(record) + "\n")
-        numbers = {f"{record['type']}/{k}": v for k, v in record.items() if isinstance(v, (int, float)) and k != "step"}
-        self.accelerator.log(numbers, step=record.get("step"))
-
-
-# ---------------------------------------------------------------------------------------------
-# 5. The run, in steps: setup -> resume -> train -> finish
+# 2. The run, in steps: setup -> resume -> train -> finish
 # ---------------------------------------------------------------------------------------------
 @dataclass
 class Position:
@@ -392,7 +257,7 @@ def train(run: Run, timer=time.perf_counter) -> RunLog:
     log = RunLog(accelerator, run.output_dir / LOG_FILE, position.step if run.last_saved else None)
     _announce(run, log)
     clock = TrainingClock(position.training_seconds, timer)
-    progress = _progress_bar(config, accelerator, position.step, position.training_seconds)
+    progress = progress_bar(config, accelerator, position.step, position.training_seconds)
     window = {"loss": torch.zeros((), device=accelerator.device), "batches": 0, "tokens": 0, "start": time.perf_counter(),
               "finite": torch.ones((), dtype=torch.bool, device=accelerator.device)}
     run.model.train()
@@ -451,7 +316,7 @@ def after_step(run: Run, log: RunLog, clock: TrainingClock, progress, window: di
     progress.update(position.training_seconds - before if timed else 1)
 
     if position.step % config.log_every == 0 or run.done():
-        record = _train_record(accelerator, window, position.step, position.epoch, run.scheduler)
+        record = train_record(accelerator, window, position.step, position.epoch, run.scheduler)
         position.tokens_seen += record.pop("tokens")
         record.update(tokens_seen=position.tokens_seen, training_seconds=position.training_seconds)
         log.write(record)
@@ -472,7 +337,7 @@ def after_step(run: Run, log: RunLog, clock: TrainingClock, progress, window: di
 
 
 def finish(run: Run, log: RunLog, started: float, cpu_started: float) -> PretrainResult:
-    """Step 5: the final evaluation, the saved model and tokenizer, the curves, an orderly shutdown."""
+    """Step 4: the final evaluation, the saved model and tokenizer, the curves, an orderly shutdown."""
     accelerator, position, output_dir = run.accelerator, run.position, run.output_dir
     run.eval_metrics = evaluate(run.model, run.eval_loader, accelerator)
     log.write({"type": "eval", "step": position.step, "training_seconds": position.training_seconds, **run.eval_metrics})
@@ -486,8 +351,6 @@ def finish(run: Run, log: RunLog, started: float, cpu_started: float) -> Pretrai
         }
     )  # fmt: skip
     if accelerator.is_main_process:
-        from scratchbert.training.plotting import plot_training_curves, read_log
-
         plot_training_curves(read_log(output_dir / LOG_FILE), output_dir / CURVES_FILE, title=f"{run.config.preset} BERT")
     metrics = run.eval_metrics
     nsp = f", NSP accuracy {metrics['nsp_accuracy']:.3f}" if "nsp_accuracy" in metrics else ""
@@ -508,8 +371,6 @@ def shut_down(run: Run) -> None:
     reference to the wrapped model and optimizer first, collect them, wait for all ranks,
     and only then end training, which closes the trackers and destroys the process group.
     """
-    import gc
-
     accelerator = run.accelerator
     run.model = run.optimizer = run.scheduler = run.train_loader = run.eval_loader = None
     accelerator.free_memory()  # Accelerate's own references to what it prepared
@@ -556,39 +417,10 @@ def _announce(run: Run, log: RunLog) -> None:
     )
 
 
-def _progress_bar(config: PretrainConfig, accelerator: Accelerator, step: int, training_seconds: float):
-    """Steps out of max_steps; with a time budget, seconds of training out of the budget."""
-    from tqdm.auto import tqdm
-
-    timed = config.time_budget is not None
-    return tqdm(
-        total=60.0 * config.time_budget if timed else config.max_steps,
-        initial=training_seconds if timed else step,
-        desc="pretrain",
-        unit="s" if timed else "step",
-        bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f}s [{elapsed}<{remaining}{postfix}]" if timed else None,
-        disable=not (accelerator.is_local_main_process and config.progress_bar),
-        dynamic_ncols=True,
-    )
-
-
 def _synchronized_seconds(accelerator: Accelerator, clock: TrainingClock) -> float:
     """The training time of the slowest process: every process then agrees on the learning rate and on when to stop."""
     seconds = torch.tensor([clock.seconds()], dtype=torch.float64, device=accelerator.device)
     return accelerator.reduce(seconds, reduction="max").item() if accelerator.num_processes > 1 else seconds.item()
-
-
-def _train_record(accelerator: Accelerator, window: dict, step: int, epoch: int, scheduler) -> dict:
-    """Mean training loss over the logging window on all processes, and throughput."""
-    mean_loss = accelerator.reduce(window["loss"] / max(window["batches"], 1), reduction="mean").item()
-    local_tokens = torch.as_tensor(window["tokens"], device=accelerator.device)
-    tokens = int(accelerator.reduce(local_tokens, reduction="sum").item())
-    seconds = time.perf_counter() - window["start"]
-    window.update(loss=torch.zeros_like(window["loss"]), batches=0, tokens=0, start=time.perf_counter())
-    return {
-        "type": "train", "step": step, "epoch": epoch, "loss": mean_loss,
-        "learning_rate": scheduler.get_last_lr()[0], "tokens": tokens, "tokens_per_second": tokens / max(seconds, 1e-9),
-    }  # fmt: skip
 
 
 def _stop_if_not_finite(accelerator: Accelerator, window: dict, loss: torch.Tensor, step: int, last_saved, config) -> None:
@@ -615,36 +447,11 @@ def _stop_if_not_finite(accelerator: Accelerator, window: dict, loss: torch.Tens
     )
 
 
-def save_final_model(accelerator: Accelerator, model, tokenizer, output_dir: Path, finetune_dropout: float) -> None:
-    """`save_pretrained` of model (safetensors + config.json) and tokenizer into `output_dir`.
-
-    The saved config carries `finetune_dropout` as both dropout rates: dropout is a training
-    choice, and whoever loads the model next fine-tunes it. (The packed recipe pretrains
-    without dropout, as Cramming does, and like Cramming turns it back on for fine-tuning.)
-    """
-    accelerator.wait_for_everyone()
-    unwrapped = accelerator.unwrap_model(model)
-    unwrapped.config.hidden_dropout_prob = unwrapped.config.attention_probs_dropout_prob = finetune_dropout
-    unwrapped.save_pretrained(
-        output_dir,
-        is_main_process=accelerator.is_main_process,
-        save_function=accelerator.save,
-        state_dict=accelerator.get_state_dict(model),
-    )
-    if accelerator.is_main_process:
-        tokenizer.save_pretrained(output_dir)
-    accelerator.wait_for_everyone()
-
-
-
-
 # ---------------------------------------------------------------------------------------------
-# 6. Showing what the model learned
+# 3. Showing what the model learned
 # ---------------------------------------------------------------------------------------------
 def print_fill_mask(model_dir: str | Path, sentences, top_k: int = 5) -> None:
     """The saved model's top guesses at each sentence's [MASK], loaded back from disk as a user would."""
-    from scratchbert.inspection import fill_mask, load_masked_lm
-
     model, tokenizer = load_masked_lm(model_dir)
     print(f"\nwhat the model fills in (top {top_k}, loaded back from {model_dir}):")
     for sentence in sentences:

@@ -1,0 +1,58 @@
+"""The `Accelerator` of a pretraining run: devices, mixed precision, trackers and replayable data order."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration, is_tensorboard_available
+
+from scratchbert.errors import ScratchBertError
+from scratchbert.training.config import PretrainConfig
+
+
+def _has_accelerator_device() -> bool:
+    return torch.cuda.is_available() or (hasattr(torch, "accelerator") and torch.accelerator.is_available())
+
+
+def build_accelerator(config: PretrainConfig) -> Accelerator:
+    """An Accelerator for this run; on a machine without GPUs, several processes use gloo on CPU.
+
+    FSDP and DeepSpeed need accelerator devices: on a CPU-only machine a launch that asks for
+    them is refused with the DDP command to use instead, never silently turned into DDP.
+    """
+    has_device = _has_accelerator_device()
+    if config.mixed_precision == "fp16" and not has_device:
+        raise ScratchBertError("mixed_precision='fp16' needs a GPU; on CPU use --mixed-precision bf16 (or no).")
+    for variable, name in (("ACCELERATE_USE_FSDP", "FSDP"), ("ACCELERATE_USE_DEEPSPEED", "DeepSpeed")):
+        if os.environ.get(variable, "false").lower() in ("1", "true", "yes") and not has_device:
+            raise ScratchBertError(
+                f"{name} shards the model across GPUs, and this machine has none. On CPU, run data-parallel (DDP over "
+                "gloo) instead: `accelerate launch --multi_gpu --num_processes 2 -m scratchbert.commands.pretrain ...` (no GPU needed)."
+            )
+    trackers = _trackers(config.report_to)
+    return Accelerator(
+        # Without an accelerator device, `cpu=True` makes a multi-process launch (even
+        # `--multi_gpu`) use gloo DDP on CPU instead of quietly running N copies alone.
+        cpu=not has_device,
+        mixed_precision=config.mixed_precision,
+        gradient_accumulation_steps=config.gradient_accumulation_steps,
+        log_with=trackers or None,
+        project_config=ProjectConfiguration(project_dir=config.output_dir, logging_dir=str(Path(config.output_dir) / "logs")),
+        # The seedable sampler shuffles with (data_seed + epoch), so the order of any epoch
+        # can be replayed after a restart.
+        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=config.seed),
+        # We step the scheduler once per optimizer step ourselves; by default Accelerate
+        # steps it once per process, for schedules written in single-process steps.
+        step_scheduler_with_optimizer=False,
+    )
+
+
+def _trackers(report_to: str) -> list[str]:
+    if report_to == "none":
+        return []
+    if report_to == "auto":
+        return ["tensorboard"] if is_tensorboard_available() else []
+    return [name.strip() for name in report_to.split(",") if name.strip()]

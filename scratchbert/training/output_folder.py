@@ -1,0 +1,99 @@
+"""A pretraining run's output folder: checked before the run starts, written once its inputs are good.
+
+    output_dir/
+      pretrain_config.json   the run's options
+      tokenizer/             the tokenizer the run started with (a resumed run keeps it)
+      checkpoints/           `checkpoint.py`
+      train_log.jsonl        `run_log.RunLog`; logs/ holds Accelerate's trackers
+      config.json, model.safetensors, the tokenizer's files, training_curves.png: the finished model
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from accelerate import Accelerator
+
+from scratchbert.errors import ScratchBertError
+from scratchbert.training import checkpoint as ckpt
+from scratchbert.training.config import PretrainConfig
+from scratchbert.training.corpus import TOKENIZER_DIR
+
+LOG_FILE = "train_log.jsonl"
+CURVES_FILE = "training_curves.png"
+RUN_CONFIG_FILE = "pretrain_config.json"
+# What a finished run leaves in its folder besides checkpoints/ (the model, its tokenizer, the record).
+FINAL_FILES = ("config.json", "model.safetensors", "pytorch_model.bin", "generation_config.json", LOG_FILE, CURVES_FILE)
+
+
+def check_output_dir(config: PretrainConfig) -> dict | None:
+    """Decide between a fresh start and a resumption; return the checkpoint's state to resume from.
+
+    Reads the folder only. Raises a ScratchBertError when output_dir holds a run (its
+    checkpoints, or a finished model) and neither --resume nor --overwrite says what to do,
+    or when the checkpoint belongs to a different run.
+    """
+    output_dir = Path(config.output_dir)
+    if output_dir.exists() and not output_dir.is_dir():
+        raise ScratchBertError(f"--output-dir {output_dir} is a file, not a directory: choose another path.")
+    existing = ckpt.list_checkpoints(output_dir)
+    if config.overwrite:
+        return None
+    if not config.resume:
+        if existing:
+            held = f"checkpoints up to {existing[-1][1].name}"
+        elif any((output_dir / name).exists() for name in (RUN_CONFIG_FILE, "config.json", "model.safetensors")):
+            held = "a saved model or a run's configuration"
+        else:
+            return None
+        raise ScratchBertError(
+            f"{output_dir} already holds a run ({held}). Pass --resume to continue it, --overwrite to start over "
+            "(its model and checkpoints are replaced once the new run's data is ready), or choose another --output-dir."
+        )
+    if not existing:
+        return None
+    latest = existing[-1][1]
+    state = ckpt.check_compatible(latest, config.to_dict())
+    state["path"] = str(latest)
+    return state
+
+
+def prepare_output_dir(config: PretrainConfig, accelerator: Accelerator, tokenizer, fresh_start: bool) -> None:
+    """Make the folder ready for the run, once its inputs are known to be good (main process writes).
+
+    With --overwrite the old checkpoints and final model go only now, after the new run's data
+    was built. A fresh start saves its tokenizer; a resumed run keeps the one it started with.
+    """
+    output_dir = Path(config.output_dir)
+    if accelerator.is_main_process:
+        if config.overwrite:
+            shutil.rmtree(output_dir / ckpt.CHECKPOINTS, ignore_errors=True)
+            for name in FINAL_FILES:
+                (output_dir / name).unlink(missing_ok=True)
+        output_dir.mkdir(parents=True, exist_ok=True)
+        config.save(output_dir / RUN_CONFIG_FILE)
+        if fresh_start or not (output_dir / TOKENIZER_DIR).is_dir():
+            tokenizer.save_pretrained(output_dir / TOKENIZER_DIR)
+    accelerator.wait_for_everyone()
+
+
+def save_final_model(accelerator: Accelerator, model, tokenizer, output_dir: Path, finetune_dropout: float) -> None:
+    """`save_pretrained` of model (safetensors + config.json) and tokenizer into `output_dir`.
+
+    The saved config carries `finetune_dropout` as both dropout rates: dropout is a training
+    choice, and whoever loads the model next fine-tunes it. (The packed recipe pretrains
+    without dropout, as Cramming does, and like Cramming turns it back on for fine-tuning.)
+    """
+    accelerator.wait_for_everyone()
+    unwrapped = accelerator.unwrap_model(model)
+    unwrapped.config.hidden_dropout_prob = unwrapped.config.attention_probs_dropout_prob = finetune_dropout
+    unwrapped.save_pretrained(
+        output_dir,
+        is_main_process=accelerator.is_main_process,
+        save_function=accelerator.save,
+        state_dict=accelerator.get_state_dict(model),
+    )
+    if accelerator.is_main_process:
+        tokenizer.save_pretrained(output_dir)
+    accelerator.wait_for_everyone()

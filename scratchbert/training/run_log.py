@@ -1,0 +1,64 @@
+"""What a pretraining run reports: the JSONL log (and Accelerate's trackers), its training records, the progress bar."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator
+from tqdm.auto import tqdm
+
+from scratchbert.training.config import PretrainConfig
+
+
+class RunLog:
+    """The always-on JSONL log (main process) plus Accelerate's trackers."""
+
+    def __init__(self, accelerator: Accelerator, path: Path, resume_step: int | None):
+        self.accelerator = accelerator
+        self.path = path
+        if accelerator.is_main_process:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if resume_step is None:
+                path.write_text("", encoding="utf-8")
+            elif path.exists():  # drop what the interrupted run logged after its last checkpoint
+                kept = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+                kept = [line for line in kept if json.loads(line).get("step", 0) <= resume_step]
+                path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+
+    def write(self, record: dict) -> None:
+        if not self.accelerator.is_main_process:
+            return
+        with open(self.path, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record) + "\n")
+        numbers = {f"{record['type']}/{k}": v for k, v in record.items() if isinstance(v, (int, float)) and k != "step"}
+        self.accelerator.log(numbers, step=record.get("step"))
+
+
+def progress_bar(config: PretrainConfig, accelerator: Accelerator, step: int, training_seconds: float):
+    """Steps out of max_steps; with a time budget, seconds of training out of the budget."""
+    timed = config.time_budget is not None
+    return tqdm(
+        total=60.0 * config.time_budget if timed else config.max_steps,
+        initial=training_seconds if timed else step,
+        desc="pretrain",
+        unit="s" if timed else "step",
+        bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f}s [{elapsed}<{remaining}{postfix}]" if timed else None,
+        disable=not (accelerator.is_local_main_process and config.progress_bar),
+        dynamic_ncols=True,
+    )
+
+
+def train_record(accelerator: Accelerator, window: dict, step: int, epoch: int, scheduler) -> dict:
+    """Mean training loss over the logging window on all processes, and throughput."""
+    mean_loss = accelerator.reduce(window["loss"] / max(window["batches"], 1), reduction="mean").item()
+    local_tokens = torch.as_tensor(window["tokens"], device=accelerator.device)
+    tokens = int(accelerator.reduce(local_tokens, reduction="sum").item())
+    seconds = time.perf_counter() - window["start"]
+    window.update(loss=torch.zeros_like(window["loss"]), batches=0, tokens=0, start=time.perf_counter())
+    return {
+        "type": "train", "step": step, "epoch": epoch, "loss": mean_loss,
+        "learning_rate": scheduler.get_last_lr()[0], "tokens": tokens, "tokens_per_second": tokens / max(seconds, 1e-9),
+    }  # fmt: skip
