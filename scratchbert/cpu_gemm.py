@@ -61,7 +61,7 @@ import statistics
 import time
 import warnings
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -283,28 +283,32 @@ def _run(gemm: Gemm, kernel: str, a: torch.Tensor, b: torch.Tensor, bias: torch.
 # --------------------------------------------------------------------------------------------
 @dataclass
 class _Trial:
-    """A proposed kernel on trial against torch's own call ("mkl") on a bucket's real calls.
+    """A proposed kernel on trial against torch's own call (`baseline`) on a bucket's real calls.
 
-    The two take turns, and each call's seconds per row are kept (calls in one bucket differ in
-    rows); after `CONFIRM_CALLS` calls each, the proposal wins if its median is `MARGIN` below
-    mkl's. Alternating calls share the model's state: the same weights, as cold or warm in
-    cache as the model leaves them, the same other load on the cores.
+    The two take turns, and each call's seconds per unit of work (rows of a GEMM) are kept (calls
+    in one bucket differ in size); after `CONFIRM_CALLS` calls each, the proposal wins if its
+    median is `MARGIN` below the baseline's. Alternating calls share the model's state: the same
+    weights, as cold or warm in cache as the model leaves them, the same other load on the cores.
     """
 
     kernel: str
-    seconds_per_row: dict[str, list[float]]
+    baseline: str = "mkl"
+    seconds_per_row: dict[str, list[float]] = field(default_factory=dict)
+
+    def __post_init__(self):
+        self.seconds_per_row = {self.kernel: [], self.baseline: []}
 
     def next_kernel(self) -> str:
-        mine, theirs = (len(self.seconds_per_row[k]) for k in (self.kernel, "mkl"))
-        return self.kernel if mine <= theirs else "mkl"
+        mine, theirs = (len(self.seconds_per_row[k]) for k in (self.kernel, self.baseline))
+        return self.kernel if mine <= theirs else self.baseline
 
     def record(self, kernel: str, seconds: float, rows: int) -> str | None:
         """Add one timed call; the decision once both kernels have `CONFIRM_CALLS` calls, else None."""
         self.seconds_per_row[kernel].append(seconds / max(rows, 1))
         if min(len(times) for times in self.seconds_per_row.values()) < CONFIRM_CALLS:
             return None
-        mine, theirs = (statistics.median(self.seconds_per_row[k]) for k in (self.kernel, "mkl"))
-        return self.kernel if mine <= (1 - MARGIN) * theirs else "mkl"
+        mine, theirs = (statistics.median(self.seconds_per_row[k]) for k in (self.kernel, self.baseline))
+        return self.kernel if mine <= (1 - MARGIN) * theirs else self.baseline
 
 
 DECISIONS: dict[tuple[Gemm, int], str] = {}  # (gemm, torch threads) -> kernel
@@ -441,7 +445,7 @@ def choose(gemm: Gemm) -> str:
     if kernel == "mkl" or CONFIRM_CALLS <= 0:
         _decide(gemm, kernel)
         return kernel
-    TRIALS[memo] = _Trial(kernel, {kernel: [], "mkl": []})
+    TRIALS[memo] = _Trial(kernel)
     return TRIALS[memo].next_kernel()
 
 
@@ -694,11 +698,53 @@ def stack_qkv(x: torch.Tensor) -> bool:
 
 
 def use_bmm_attention(query: torch.Tensor) -> bool:
-    """Whether attention over query (..., L, D) should run as two batched GEMMs rather than SDPA.
+    """Whether two batched GEMMs are a candidate for attention over query (..., L, D), beside SDPA.
 
     On CPUs without AMX, for L <= `BMM_ATTENTION_MAX_LENGTH`, in fp32, and in bf16 only where the
-    CPU has bf16 units (elsewhere a bf16 `bmm` is many times slower than SDPA's kernel).
+    CPU has bf16 units (elsewhere a bf16 `bmm` is many times slower than SDPA's kernel). Whether
+    the candidate is used is measured on real calls (`attention_kernel`).
     """
     if query.device.type != "cpu" or AMX_BF16 or query.size(-2) > BMM_ATTENTION_MAX_LENGTH:
         return False
     return query.dtype == torch.float32 or (query.dtype == torch.bfloat16 and bool(BF16_UNITS))
+
+
+# (length bucket, head dim, dtype, training, torch threads) -> "bmm" or "sdpa", and the trials
+ATTENTION_DECISIONS: dict[tuple, str] = {}
+ATTENTION_TRIALS: dict[tuple, _Trial] = {}
+
+
+def _attention_key(query: torch.Tensor) -> tuple:
+    return (bucket(query.size(-2)), query.size(-1), query.dtype, torch.is_grad_enabled(), torch.get_num_threads())
+
+
+def attention_kernel(query: torch.Tensor) -> str:
+    """"bmm" (`cpu_kernels.bmm_attention`) or "sdpa" for attention over query (..., L, D), this call.
+
+    Where two batched GEMMs are a candidate (`use_bmm_attention`), the first real calls of each
+    length bucket alternate between them and SDPA, `CONFIRM_CALLS` timed calls each (time per
+    sequence-head and squared length), and the GEMMs stay only if `MARGIN` faster (in training,
+    as measured on the forward). A rule per CPU kind had them win on one CPU and lose on another.
+    """
+    if not use_bmm_attention(query):
+        return "sdpa"
+    key = _attention_key(query)
+    if key in ATTENTION_DECISIONS:
+        return ATTENTION_DECISIONS[key]
+    if CONFIRM_CALLS <= 0:
+        return "bmm"
+    return ATTENTION_TRIALS.setdefault(key, _Trial("bmm", baseline="sdpa")).next_kernel()
+
+
+def record_attention(query: torch.Tensor, kernel: str, seconds: float) -> None:
+    """Count one timed attention call toward its bucket's trial, if one is open."""
+    key = _attention_key(query)
+    trial = ATTENTION_TRIALS.get(key)
+    if trial is None:
+        return
+    work = query[..., 0, 0].numel() * query.size(-2) ** 2  # sequence-heads x L^2
+    decision = trial.record(kernel, seconds, work)
+    if decision is not None:
+        del ATTENTION_TRIALS[key]
+        ATTENTION_DECISIONS[key] = decision
+        logger.debug("cpu_gemm: attention %s for %s after real calls (seconds per unit %s)", decision, key, trial.seconds_per_row)

@@ -8,8 +8,8 @@ default) changes the classes of the model's modules, keeping every parameter and
 - `nn.Linear` -> `cpu_gemm.MeasuredLinear`: each matrix multiply on the kernel measured fastest
   for its shape on this CPU (`cpu_gemm.py`);
 - `ScratchBertSelfAttention` -> `CpuSelfAttention`: where the model asks for "sdpa" it runs
-  `sdpa_or_bmm_attention` (SDPA, or for short sequences where it measured faster two batched
-  GEMMs, `bmm_attention`; as SDPA itself chooses among its backends), and it stacks the Q/K/V
+  `sdpa_or_bmm_attention` (SDPA, or for short sequences where two batched GEMMs, `bmm_attention`,
+  measured faster on the first real calls; as SDPA itself chooses among its backends), and it stacks the Q/K/V
   projection into one GEMM where that measured faster (`cpu_gemm.stack_qkv`);
 - `ScratchBertIntermediate` -> `CpuIntermediate` and `ScratchBertAddNorm` -> `CpuAddNorm`: in
   inference, where the GEMM runs on oneDNN, the GELU and the residual addition run as the
@@ -25,6 +25,8 @@ floating-point rounding (tests/test_cpu_kernels.py); docs/performance.md has the
 
 from __future__ import annotations
 
+import time
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -32,7 +34,7 @@ from torch import nn
 # Names, not `from . import cpu_gemm`: a checkpoint saved with its code (trust_remote_code) carries
 # the files its modules import as `from .module import name`, and only those.
 from .bert_padding import CALL_COST, default_call_cost, is_tracing
-from .cpu_gemm import bf16_in_fp32, linear_post_op, stack_qkv, use_bmm_attention, use_measured_kernels
+from .cpu_gemm import attention_kernel, bf16_in_fp32, linear_post_op, record_attention, stack_qkv, use_measured_kernels
 from .modeling_scratchbert import (
     ATTENTION_FUNCTIONS,
     ScratchBertAddNorm,
@@ -76,13 +78,20 @@ def sdpa_or_bmm_attention(
     mask: torch.Tensor | None,
     dropout_p: float,
 ) -> tuple[torch.Tensor, None]:
-    """SDPA, or `bmm_attention` where `cpu_gemm.use_bmm_attention` says it measured faster.
+    """SDPA, or `bmm_attention` where it is a candidate and measured faster on real calls (`cpu_gemm.attention_kernel`).
 
     Never under a tracer: a recorded graph must serve every length, so it records SDPA.
     """
-    if not is_tracing() and use_bmm_attention(query):  # is_tracing first: no guard on the length
-        return bmm_attention(query, key, value, mask, dropout_p), None
-    return sdpa_attention(query, key, value, mask, dropout_p)
+    if is_tracing():  # first: no guard on the length
+        return sdpa_attention(query, key, value, mask, dropout_p)
+    kernel = attention_kernel(query)
+    start = time.perf_counter()
+    if kernel == "bmm":
+        out = bmm_attention(query, key, value, mask, dropout_p), None
+    else:
+        out = sdpa_attention(query, key, value, mask, dropout_p)
+    record_attention(query, kernel, time.perf_counter() - start)
+    return out
 
 
 class CpuSelfAttention(ScratchBertSelfAttention):

@@ -71,9 +71,12 @@ def main(argv: list[str] | None = None) -> None:
 
     name = (cpu_gemm.CAPABILITIES or {}).get("cpu_name", "unknown CPU")
     units = {True: "bf16 units", False: "no bf16 units", None: "unknown bf16 support"}[cpu_gemm.BF16_UNITS]
+    cannot = [f"{kernel} in {dtype_name}" for dtype_name in dtypes for kernel in cpu_gemm.KERNELS
+              if kernel.startswith("onednn") and not cpu_gemm.runnable(kernel, DTYPES[dtype_name])]
     print(f"GFLOP/s, {args.threads} threads, best of {args.repeats}; {name}, {units}, "
           f"{'AMX: bf16 row chunks (*) inside SLOW_ROW_WINDOWS' if cpu_gemm.AMX_BF16 else 'no AMX'}, "
-          f"oneDNN {'callable' if cpu_gemm.ONEDNN else 'not callable'}")
+          f"oneDNN {'callable' if cpu_gemm.ONEDNN else 'not callable'}"
+          + (f"; cannot run on this CPU ('–'): {', '.join(cannot)}" if cannot else ""))
     print("| dtype | shape | product | rows | " + " | ".join(cpu_gemm.KERNELS) + " | chosen |")
     print("|---|---|---|---|" + "---|" * len(cpu_gemm.KERNELS) + "---|")
     for dtype_name in dtypes:

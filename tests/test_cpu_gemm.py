@@ -40,6 +40,8 @@ def fresh_decisions(monkeypatch):
     and proposals decided at once (the trial on real calls has tests of its own)."""
     monkeypatch.setattr(cpu_gemm, "DECISIONS", {})
     monkeypatch.setattr(cpu_gemm, "TRIALS", {})
+    monkeypatch.setattr(cpu_gemm, "ATTENTION_DECISIONS", {})
+    monkeypatch.setattr(cpu_gemm, "ATTENTION_TRIALS", {})
     monkeypatch.setattr(cpu_gemm, "CONFIRM_CALLS", 0)
     monkeypatch.setattr(cpu_gemm, "_disk", {})
     monkeypatch.delenv("SCRATCHBERT_GEMM", raising=False)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -89,8 +90,17 @@ def test_fast_path_equals_the_plain_model_forward_and_backward(monkeypatch, padd
         torch.testing.assert_close(fast_grads[name], plain_grads[name], atol=1e-5, rtol=0, msg=name)
 
 
+@pytest.fixture(autouse=True)
+def fresh_choices(monkeypatch):
+    """No kernel or attention decision carried in from another test."""
+    for name in ("DECISIONS", "TRIALS", "ATTENTION_DECISIONS", "ATTENTION_TRIALS"):
+        monkeypatch.setattr(cpu_gemm, name, {})
+
+
 def test_sdpa_means_sdpa_in_the_plain_model(monkeypatch):
-    """Plain: every attention call is F.scaled_dot_product_attention, short sequences too; fast: two batched GEMMs."""
+    """Plain: every attention call is F.scaled_dot_product_attention, short sequences too; fast: two batched GEMMs
+    (where they are a candidate, with the trial on real calls skipped)."""
+    monkeypatch.setattr(cpu_gemm, "CONFIRM_CALLS", 0)
     monkeypatch.setattr(cpu_gemm, "BMM_ATTENTION_MAX_LENGTH", 128)
     monkeypatch.setattr(cpu_gemm, "AMX_BF16", False)
     sdpa_calls, bmm_calls = [], []
@@ -105,6 +115,35 @@ def test_sdpa_means_sdpa_in_the_plain_model(monkeypatch):
         assert len(sdpa_calls) == FIELDS["num_hidden_layers"] and not bmm_calls
         model.use_cpu_kernels(True)(input_ids=ids, attention_mask=mask)
         assert len(bmm_calls) == FIELDS["num_hidden_layers"] and len(sdpa_calls) == FIELDS["num_hidden_layers"]
+
+
+@pytest.mark.parametrize("slower, decided", [("bmm", "sdpa"), ("sdpa", "bmm")])
+def test_attention_takes_the_kernel_faster_on_real_calls(monkeypatch, slower, decided):
+    """Two batched GEMMs against SDPA: the first calls of a length bucket alternate, the faster stays."""
+    monkeypatch.setattr(cpu_gemm, "CONFIRM_CALLS", 3)
+    monkeypatch.setattr(cpu_gemm, "BMM_ATTENTION_MAX_LENGTH", 128)
+    monkeypatch.setattr(cpu_gemm, "AMX_BF16", False)
+    calls = []
+    real = {"bmm": cpu_kernels.bmm_attention, "sdpa": cpu_kernels.sdpa_attention}
+
+    def timed(kind):
+        def attend(*args):
+            calls.append(kind)
+            if kind == slower:
+                time.sleep(0.02)
+            return real[kind](*args)
+        return attend
+
+    monkeypatch.setattr(cpu_kernels, "bmm_attention", timed("bmm"))
+    monkeypatch.setattr(cpu_kernels, "sdpa_attention", timed("sdpa"))
+    query, key, value = (torch.randn(2, 4, 10, 8) for _ in range(3))
+    reference, _ = real["sdpa"](query, key, value, None, 0.0)
+    for _ in range(8):
+        context, probs = cpu_kernels.sdpa_or_bmm_attention(query, key, value, None, 0.0)
+        torch.testing.assert_close(context, reference, atol=1e-6, rtol=0)
+        assert probs is None
+    assert calls == ["bmm", "sdpa"] * 3 + [decided] * 2
+    assert list(cpu_gemm.ATTENTION_DECISIONS.values()) == [decided] and cpu_gemm.ATTENTION_TRIALS == {}
 
 
 def test_an_unknown_cpu_is_not_rerouted(monkeypatch):
