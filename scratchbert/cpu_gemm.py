@@ -42,11 +42,13 @@ build: every product is torch's own call there). Where this torch has no oneDNN,
 multiply in a dtype on this CPU (bf16 without AVX-512 BF16/AVX-512BW, found by one trial call,
 `runnable`), only the kernels that can remain.
 
-Three choices still follow the CPU's reported capabilities (`torch.cpu.get_capabilities()`; an
+Two choices still follow the CPU's reported capabilities (`torch.cpu.get_capabilities()`; an
 unknown capability means "do not reroute"), each measured on the CPU it applies to:
 - with AMX, bf16 GEMMs with 768 outputs are split into row chunks inside `SLOW_ROW_WINDOWS`;
-- with AMX, in bf16, queries, keys and values come from one stacked GEMM (`stack_qkv`);
-- without AMX, short sequences attend through two batched GEMMs (`use_bmm_attention`).
+- with AMX, in bf16, queries, keys and values come from one stacked GEMM (`stack_qkv`).
+Attention over short sequences on CPUs without AMX has two candidates, SDPA and two batched GEMMs
+(`use_bmm_attention`), and real calls decide between them as they decide a GEMM's kernel
+(`attention_kernel`).
 """
 
 from __future__ import annotations
@@ -679,12 +681,13 @@ def bf16_in_fp32(device: torch.device, dtype: torch.dtype) -> bool:
 
 
 # --------------------------------------------------------------------------------------------
-# Attention and the Q/K/V projection: still by CPU capability
+# Attention and the Q/K/V projection
 # --------------------------------------------------------------------------------------------
-# Sequences up to this length attend through `bmm_attention`'s two batched GEMMs instead of SDPA on
-# CPUs without AMX, in fp32, and in bf16 where the CPU has bf16 units (0 turns it off; so does an
-# unknown CPU). Measured on bert-base heads (docs/performance.md).
-BMM_ATTENTION_MAX_LENGTH = 0 if BF16_UNITS is None else 128 if BF16_UNITS else 96
+# Sequences up to this length may attend through `bmm_attention`'s two batched GEMMs instead of
+# SDPA on CPUs without AMX, in fp32, and in bf16 where the CPU has bf16 units (0 turns it off; so
+# does an unknown CPU); real calls decide (`attention_kernel`). From 512 tokens on SDPA measured
+# faster on every CPU tried (docs/performance.md).
+BMM_ATTENTION_MAX_LENGTH = 0 if BF16_UNITS is None else 128
 
 
 def stack_qkv(x: torch.Tensor) -> bool:
