@@ -80,6 +80,10 @@ SHARED_DATA = REPO.parent / "shared" / "data"
 NUM_THREADS = 2
 CASES = ("inference", "training", "memory")  # (a) and (b); (c); (d)
 BERT_BASE = dict(vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072)
+# (batch, tokens) of each input: the (a) full-length batch, the (b) novel sentences padded to 128 and
+# to the longest, the (b) IMDB reviews, and the (c) pretraining step.
+SIZES = dict(full=(16, 128), novels=(16, 128), dynamic=(32, 128), imdb=(4, 512), pretrain=(16, 128))
+QUICK_SIZES = dict(full=(2, 128), novels=(8, 128), dynamic=(8, 128), imdb=(2, 512), pretrain=(4, 128))
 
 
 # --------------------------------------------------------------------------------------------
@@ -430,6 +434,14 @@ class Row:
     # (against, at least): against "transformers" or "ORT" (speed-up) or "ideal" (share of it)
     targets: list[tuple[str, float]] = field(default_factory=list)
 
+    @classmethod
+    def timed(cls, case: str, dtype: str, mask: torch.Tensor, seconds, flops: float, **more) -> Row:
+        """The row of `case` on a batch with attention mask `mask`; `seconds`: scratchbert, transformers, plain."""
+        ours_s, theirs_s, plain_s = seconds
+        return cls(case=f"{case} {tuple(mask.shape)}", dtype=dtype, real_tokens=int(mask.sum()), padded_tokens=mask.numel(),
+                   ours_s=ours_s, theirs_s=theirs_s, flops=flops, peak_kind="fp32" if dtype == "fp32" else "bf16",
+                   plain_s=plain_s, **more)
+
     @property
     def speedup(self) -> float:
         return self.theirs_s / self.ours_s
@@ -495,20 +507,13 @@ def format_table(rows: list[Row], peaks: dict[str, float], threads: int) -> str:
 # --------------------------------------------------------------------------------------------
 # (d) memory, one side per subprocess
 # --------------------------------------------------------------------------------------------
-def rss_bytes() -> int:
+def status_bytes(field: str) -> int:
+    """A size from /proc/self/status: VmRSS (resident set now) or VmHWM (its peak)."""
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmRSS in /proc/self/status")
-
-
-def peak_rss_bytes() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmHWM in /proc/self/status")
+    raise RuntimeError(f"no {field} in /proc/self/status")
 
 
 def memory_worker(side: str, directory: Path, batch_file: Path, threads: int) -> None:
@@ -520,10 +525,10 @@ def memory_worker(side: str, directory: Path, batch_file: Path, threads: int) ->
     step = training_runner(model, batch, torch.float32)
     with torch.no_grad():  # fault in every weight page, so both baselines hold the whole model
         sum(float(p.sum()) for p in model.parameters())
-    loaded = rss_bytes()
+    loaded = status_bytes("VmRSS")
     for _ in range(2):
         step()
-    print(json.dumps({"loaded": loaded, "peak": peak_rss_bytes()}))
+    print(json.dumps({"loaded": loaded, "peak": status_bytes("VmHWM")}))
 
 
 def measure_memory(directory: Path, batch: dict[str, torch.Tensor], workdir: Path, threads: int) -> dict[str, dict[str, int]]:
@@ -542,7 +547,9 @@ def measure_memory(directory: Path, batch: dict[str, torch.Tensor], workdir: Pat
 
 
 # --------------------------------------------------------------------------------------------
-def main(argv: list[str] | None = None) -> int:
+# The run: arguments, models and inputs, cases (a)-(d), report
+# --------------------------------------------------------------------------------------------
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="2 layers and small batches: a minute or two")
     parser.add_argument("--repeats", type=int, default=None, help="timed runs per side and case (default 5, quick 1)")
@@ -551,141 +558,117 @@ def main(argv: list[str] | None = None) -> int:
                         help="which cases to run: inference (a, b), training (c), memory (d); default all")
     parser.add_argument("--memory-worker", nargs=4, metavar=("SIDE", "DIR", "BATCH", "THREADS"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.memory_worker:
-        side, directory, batch_file, threads = args.memory_worker
-        memory_worker(side, Path(directory), Path(batch_file), int(threads))
-        return 0
     if args.threads < 1:
         parser.error("--threads must be at least 1")
-
-    torch.set_num_threads(args.threads)
-    load_before = os.getloadavg()
-    transformers.logging.set_verbosity_error()
-    transformers.logging.disable_progress_bar()
-    datasets.disable_progress_bars()
-    quick = args.quick
-    repeats = args.repeats or (1 if quick else 5)
-    if repeats < 1:
+    args.repeats = args.repeats or (1 if args.quick else 5)
+    if args.repeats < 1:
         parser.error("--repeats must be at least 1")
-    geometry = dict(BERT_BASE, num_hidden_layers=2 if quick else 12)
-    sizes = dict(full=(2, 128), novels=(8, 128), dynamic=(8, 128), imdb=(2, 512), pretrain=(4, 128)) if quick else dict(
-        full=(16, 128), novels=(16, 128), dynamic=(32, 128), imdb=(4, 512), pretrain=(16, 128)
+    return args
+
+
+def random_bert(geometry: dict, directory: Path) -> tuple:
+    """Random weights of `geometry`, saved once and loaded as (scratchbert, transformers, scratchbert plain), eval mode."""
+    torch.manual_seed(0)
+    transformers.BertForPreTraining(transformers.BertConfig(**geometry)).save_pretrained(directory)
+    ours, theirs = load_models(directory)
+    plain = scratchbert.ScratchBertForPreTraining.from_pretrained(directory, cpu_kernels=False)
+    return ours.eval(), theirs.eval(), plain.eval()
+
+
+def inference_inputs(tokenizer, sizes: dict, vocab_size: int) -> dict[str, dict[str, torch.Tensor]]:
+    """The batches of cases (a) and (b), by the name their rows carry."""
+    return {
+        "(a) full-length": full_batch(*sizes["full"], vocab_size, seed=0),
+        "(b) novel sentences": padded_batch(tokenizer, novel_sentences(sizes["novels"][0], seed=0), sizes["novels"][1]),
+        "(b) novel sentences, padded to the longest": padded_batch(
+            tokenizer, novel_sentences(sizes["dynamic"][0], seed=1), sizes["dynamic"][1], longest=True),
+        "(b) IMDB reviews": padded_batch(tokenizer, imdb_reviews(sizes["imdb"][0], seed=0), sizes["imdb"][1]),
+    }
+
+
+def ort_column(inputs: dict, directory: Path, workdir: Path, config, threads: int):
+    """The ONNX Runtime session of the inference rows (None when it cannot run), and what to say about it."""
+    session, note = None, onnxruntime_missing()
+    if not inputs:
+        note = "not run (--cases)"
+    if note is None:
+        print("  exporting transformers' BertModel to ONNX and fusing it ...", flush=True)
+        try:
+            session, note = ort_encoder(directory, workdir, config, threads, inputs["(b) novel sentences, padded to the longest"])
+        except Exception as error:  # noqa: BLE001 -- the other columns still run
+            note = f"export or fusion failed: {error!r}"
+    print(f"  ONNX Runtime: {note}", flush=True)
+    return session, note
+
+
+def inference_targets(case: str, dtype_name: str) -> list[tuple[str, float]]:
+    """What an inference row should reach: (against, at least)."""
+    targets = [("plain", 1.0), ("transformers", 1.0) if case.startswith("(a)") else ("ideal", 0.8)]
+    if dtype_name == "fp32" and case.startswith("(a)"):
+        targets.append(("ORT", 1.0))
+    elif dtype_name == "fp32" and case.startswith("(b) novel"):
+        targets.append(("ORT", 1.3))
+    elif dtype_name == "bf16" and case.startswith("(a)") and cpu_gemm.BF16_UNITS:
+        targets.append(("ORT", 1.5))
+    return targets
+
+
+def inference_rows(sides: tuple, inputs: dict, session, repeats: int) -> tuple[list[Row], list[int]]:
+    """(a) and (b): every batch through the three encoders (and ORT, fp32) in fp32, bf16 and bf16 autocast.
+
+    Returns the rows and the page faults of one (a) fp32 forward per side (scratchbert, transformers, ORT).
+    """
+    rows, faults = [], []
+    if not inputs:
+        return rows, faults
+    config = sides[0].config
+    bf16 = lambda model: copy.deepcopy(model.bert).to(torch.bfloat16)  # noqa: E731
+    variants = (
+        ("fp32", [model.bert for model in sides], torch.float32),
+        ("bf16", [bf16(model) for model in sides], torch.float32),
+        ("bf16 autocast", [model.bert for model in sides], torch.bfloat16),
     )
-    print(f"scratchbert bench: {'quick, ' if quick else ''}{geometry['num_hidden_layers']} layers of bert-base width, "
-          f"{args.threads} threads, {repeats} timed runs per side (medians)", flush=True)
-    print(f"  {cpu_profile()}", flush=True)
-
-    tokenizer = bert_tokenizer()
-    with tempfile.TemporaryDirectory() as tmp:
-        workdir = Path(tmp)
-        torch.manual_seed(0)
-        transformers.BertForPreTraining(transformers.BertConfig(**geometry)).save_pretrained(workdir / "weights")
-        ours, theirs = load_models(workdir / "weights")
-        plain = scratchbert.ScratchBertForPreTraining.from_pretrained(workdir / "weights", cpu_kernels=False)
-        ours.eval()
-        theirs.eval()
-        plain.eval()
-        config = ours.config
-
-        peak_repeats = 3 if quick else 5
-        peaks = gemm_peaks(peak_repeats, args.threads)
-        inputs = {
-            "(a) full-length": full_batch(*sizes["full"], config.vocab_size, seed=0),
-            "(b) novel sentences": padded_batch(tokenizer, novel_sentences(sizes["novels"][0], seed=0), sizes["novels"][1]),
-            "(b) novel sentences, padded to the longest": padded_batch(
-                tokenizer, novel_sentences(sizes["dynamic"][0], seed=1), sizes["dynamic"][1], longest=True),
-            "(b) IMDB reviews": padded_batch(tokenizer, imdb_reviews(sizes["imdb"][0], seed=0), sizes["imdb"][1]),
-        }
-
-        session, ort_note = None, onnxruntime_missing()
-        if "inference" not in args.cases:
-            inputs, ort_note = {}, "not run (--cases)"
-        if ort_note is None:
-            print("  exporting transformers' BertModel to ONNX and fusing it ...", flush=True)
-            try:
-                session, ort_note = ort_encoder(workdir / "weights", workdir, config, args.threads,
-                                                inputs["(b) novel sentences, padded to the longest"])
-            except Exception as error:  # noqa: BLE001 -- the other columns still run
-                ort_note = f"export or fusion failed: {error!r}"
-        print(f"  ONNX Runtime: {ort_note}", flush=True)
-
-        rows, skipped, faults = [], [], []
-        bf16 = lambda model: copy.deepcopy(model.bert).to(torch.bfloat16)  # noqa: E731
-        variants = (
-            ("fp32", ours.bert, theirs.bert, plain.bert, torch.float32),
-            ("bf16", bf16(ours), bf16(theirs), bf16(plain), torch.float32),
-            ("bf16 autocast", ours.bert, theirs.bert, plain.bert, torch.bfloat16),
-        )
-        for dtype_name, our_encoder, their_encoder, plain_encoder, dtype in variants:
-            for case, batch in inputs.items():
-                print(f"  {case}, {dtype_name} ...", flush=True)
-                runners = [encoder_runner(model, batch, dtype) for model in (our_encoder, their_encoder, plain_encoder)]
-                if session is not None:
-                    runners.append(ort_runner(session, batch))  # fp32, in every row
-                ours_s, theirs_s, plain_s, *ort_s = interleaved(runners, repeats)
-                if case.startswith("(a)") and dtype_name == "fp32":
-                    faults = [minor_faults(run) for run in (runners[0], runners[1], *runners[3:])]
-                targets = [("plain", 1.0), ("transformers", 1.0) if case.startswith("(a)") else ("ideal", 0.8)]
-                if dtype_name == "fp32" and case.startswith("(a)"):
-                    targets.append(("ORT", 1.0))
-                elif dtype_name == "fp32" and case.startswith("(b) novel"):
-                    targets.append(("ORT", 1.3))
-                elif dtype_name == "bf16" and case.startswith("(a)") and cpu_gemm.BF16_UNITS:
-                    targets.append(("ORT", 1.5))
-                mask = batch["attention_mask"]
-                rows.append(Row(
-                    case=f"{case} {tuple(mask.shape)}",
-                    dtype=dtype_name,
-                    real_tokens=int(mask.sum()),
-                    padded_tokens=mask.numel(),
-                    ours_s=ours_s,
-                    theirs_s=theirs_s,
-                    flops=encoder_flops(config, mask),
-                    peak_kind="fp32" if dtype_name == "fp32" else "bf16",
-                    ort_s=ort_s[0] if ort_s else None,
-                    plain_s=plain_s,
-                    targets=targets,
-                ))
-        del variants, session
-
-        batch = pretraining_batch(tokenizer, *sizes["pretrain"], seed=0)
-        step_dtypes = [(torch.float32, "fp32"), (torch.bfloat16, "bf16 autocast")] if "training" in args.cases else []
-        if step_dtypes and not cpu_gemm.BF16_UNITS:
-            # transformers' bf16 backward runs torch's bf16 matmul with no hardware for it (a
-            # 2-layer step on 4 x 128 tokens took 60 s on an AVX2-only EPYC; scratchbert's 0.9 s).
-            step_dtypes.pop()
-            skipped.append("(c) pretraining step, bf16 autocast: not timed, this CPU has no bf16 units (or does not "
-                           "say) and transformers' bf16 training step (and scratchbert's plain one, on the same torch "
-                           "calls) would take minutes per step")
-        for dtype, dtype_name in step_dtypes:
-            print(f"  (c) pretraining step, {dtype_name} ...", flush=True)
-            ours_s, theirs_s, plain_s = interleaved(
-                [training_runner(model, batch, dtype) for model in (ours, theirs, plain)], max(1, repeats - 2)
-            )
+    for dtype_name, encoders, dtype in variants:
+        for case, batch in inputs.items():
+            print(f"  {case}, {dtype_name} ...", flush=True)
+            runners = [encoder_runner(model, batch, dtype) for model in encoders]
+            if session is not None:
+                runners.append(ort_runner(session, batch))  # fp32, in every row
+            seconds = interleaved(runners, repeats)
+            if case.startswith("(a)") and dtype_name == "fp32":
+                faults = [minor_faults(run) for run in (runners[0], runners[1], *runners[3:])]
             mask = batch["attention_mask"]
-            rows.append(Row(
-                case=f"(c) pretraining step {tuple(mask.shape)}",
-                dtype=dtype_name,
-                real_tokens=int(mask.sum()),
-                padded_tokens=mask.numel(),
-                ours_s=ours_s,
-                theirs_s=theirs_s,
-                flops=pretraining_flops(config, batch),
-                peak_kind="fp32" if dtype == torch.float32 else "bf16",
-                plain_s=plain_s,
-                targets=[("plain", 1.0), ("transformers", 2.0)],
-            ))
-        del ours, theirs, plain
-        for name, value in gemm_peaks(peak_repeats, args.threads).items():
-            peaks[f"{name} (end)"] = value
+            ort_s = seconds[3] if session is not None else None
+            rows.append(Row.timed(case, dtype_name, mask, seconds[:3], encoder_flops(config, mask), ort_s=ort_s,
+                                  targets=inference_targets(case, dtype_name)))
+    return rows, faults
 
-        memory = {}
-        if "memory" in args.cases:
-            print("  (d) peak memory of (c), fp32, one subprocess per side ...", flush=True)
-            memory = measure_memory(workdir / "weights", batch, workdir, args.threads)
 
+def training_rows(sides: tuple, batch: dict[str, torch.Tensor], repeats: int) -> tuple[list[Row], list[str]]:
+    """(c): one pretraining step of each side, fp32 and (on a CPU with bf16 units) bf16 autocast.
+
+    Returns the rows and a line for each row not timed.
+    """
+    rows, skipped = [], []
+    step_dtypes = [(torch.float32, "fp32"), (torch.bfloat16, "bf16 autocast")]
+    if not cpu_gemm.BF16_UNITS:
+        # transformers' bf16 backward runs torch's bf16 matmul with no hardware for it (a
+        # 2-layer step on 4 x 128 tokens took 60 s on an AVX2-only EPYC; scratchbert's 0.9 s).
+        step_dtypes.pop()
+        skipped.append("(c) pretraining step, bf16 autocast: not timed, this CPU has no bf16 units (or does not "
+                       "say) and transformers' bf16 training step (and scratchbert's plain one, on the same torch "
+                       "calls) would take minutes per step")
+    for dtype, dtype_name in step_dtypes:
+        print(f"  (c) pretraining step, {dtype_name} ...", flush=True)
+        seconds = interleaved([training_runner(model, batch, dtype) for model in sides], max(1, repeats - 2))
+        rows.append(Row.timed("(c) pretraining step", dtype_name, batch["attention_mask"], seconds,
+                              pretraining_flops(sides[0].config, batch), targets=[("plain", 1.0), ("transformers", 2.0)]))
+    return rows, skipped
+
+
+def print_results(rows: list[Row], peaks: dict, threads: int, ort_note: str, faults: list[int], skipped: list[str]) -> None:
     print()
-    print(format_table(rows, peaks, args.threads))
+    print(format_table(rows, peaks, threads))
     print(f"ONNX Runtime {ort_version()}: {ort_note}.")
     names = ("scratchbert", "transformers", "ONNX Runtime")
     if faults:
@@ -694,16 +677,23 @@ def main(argv: list[str] | None = None) -> int:
     print(f"scratchbert's GEMM kernels (cpu_gemm, shape buckets per kernel): {gemm_choices()}.")
     for line in skipped:
         print(line)
+
+
+def print_memory_table(memory: dict[str, dict[str, int]]) -> None:
+    """(d): peak RSS of each side's subprocess, and its rise over the loaded model; nothing without (d)."""
+    if not memory:
+        return
     mib = 2**20
-    print()
-    if memory:
-        print("| (d) pretraining step, fp32 | transformers | scratchbert | ratio | target |")
-        print("|---|---|---|---|---|")
-    for key, label in (("peak", "peak RSS"), ("rise", "rise over loaded model")) if memory else ():
+    print("| (d) pretraining step, fp32 | transformers | scratchbert | ratio | target |")
+    print("|---|---|---|---|---|")
+    for key, label in (("peak", "peak RSS"), ("rise", "rise over loaded model")):
         value = {s: m["peak"] - (m["loaded"] if key == "rise" else 0) for s, m in memory.items()}
         print(f"| {label} | {value['theirs'] / mib:,.0f} MiB | {value['ours'] / mib:,.0f} MiB "
               f"| {value['ours'] / value['theirs']:.2f} | <= 1.00 |")
-    print()
+
+
+def print_conditions(argv: list[str] | None, load_before: tuple[float, float, float]) -> None:
+    """The command, the versions, the time, and the load average that says whether other work competed."""
     load_after = os.getloadavg()
     command = " ".join(["python scripts/bench.py", *(argv if argv is not None else sys.argv[1:])])
     if malloc_settings() != "glibc malloc defaults":
@@ -713,6 +703,58 @@ def main(argv: list[str] | None = None) -> int:
           f"{load_before[0]:.1f} at the start and {load_after[0]:.1f} at the end (above {os.cpu_count()}: other work "
           "competed for the cores, and times are inflated, ratios noisier)")
     print(f"CPU: {cpu_profile()}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.memory_worker:
+        side, directory, batch_file, threads = args.memory_worker
+        memory_worker(side, Path(directory), Path(batch_file), int(threads))
+        return 0
+    torch.set_num_threads(args.threads)
+    load_before = os.getloadavg()
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+    datasets.disable_progress_bars()
+    geometry = dict(BERT_BASE, num_hidden_layers=2 if args.quick else 12)
+    sizes = QUICK_SIZES if args.quick else SIZES
+    peak_repeats = 3 if args.quick else 5
+    print(f"scratchbert bench: {'quick, ' if args.quick else ''}{geometry['num_hidden_layers']} layers of bert-base width, "
+          f"{args.threads} threads, {args.repeats} timed runs per side (medians)", flush=True)
+    print(f"  {cpu_profile()}", flush=True)
+
+    tokenizer = bert_tokenizer()
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        weights = workdir / "weights"
+        sides = random_bert(geometry, weights)  # (scratchbert, transformers, scratchbert plain)
+        config = sides[0].config
+        peaks = gemm_peaks(peak_repeats, args.threads)
+
+        inputs = inference_inputs(tokenizer, sizes, config.vocab_size) if "inference" in args.cases else {}
+        session, ort_note = ort_column(inputs, weights, workdir, config, args.threads)
+        rows, faults = inference_rows(sides, inputs, session, args.repeats)
+        del session
+
+        batch = pretraining_batch(tokenizer, *sizes["pretrain"], seed=0)  # (c) and (d)
+        skipped = []
+        if "training" in args.cases:
+            training, skipped = training_rows(sides, batch, args.repeats)
+            rows += training
+        del sides
+        for name, value in gemm_peaks(peak_repeats, args.threads).items():
+            peaks[f"{name} (end)"] = value
+
+        memory = {}
+        if "memory" in args.cases:
+            print("  (d) peak memory of (c), fp32, one subprocess per side ...", flush=True)
+            memory = measure_memory(weights, batch, workdir, args.threads)
+
+    print_results(rows, peaks, args.threads, ort_note, faults, skipped)
+    print()
+    print_memory_table(memory)
+    print()
+    print_conditions(argv, load_before)
     return 0
 
 
