@@ -288,27 +288,12 @@ class ScratchBertTokenizer(PreTrainedTokenizerFast):
         pad_to_multiple_of,
         padding_side,
         return_tensors,
-        return_token_type_ids,
-        return_attention_mask,
-        return_overflowing_tokens,
-        return_special_tokens_mask,
-        return_offsets_mapping,
-        return_length,
-        verbose,
         split_special_tokens,
+        verbose,
+        **return_options,
     ) -> BatchEncoding:
         """Encode A and B apart, truncate as BERT does, then add [CLS]/[SEP] and pad."""
-        if is_split_into_words:
-            is_batched = isinstance(text, (list, tuple)) and bool(text) and isinstance(text[0], (list, tuple))
-        else:
-            is_batched = isinstance(text, (list, tuple))
-        if is_batched:
-            if isinstance(text_pair, str) or len(text) != len(text_pair):
-                raise ValueError("when tokenizing a batch of pairs, `text_pair` must be a list as long as `text`.")
-            firsts, seconds = list(text), list(text_pair)
-        else:
-            firsts, seconds = [text], [text_pair]
-
+        firsts, seconds, is_batched = _pair_batch(text, text_pair, is_split_into_words)
         # Truncation and padding are done below on the Encoding objects, so the Rust
         # tokenizer must do neither.
         self.set_truncation_and_padding(
@@ -319,54 +304,69 @@ class ScratchBertTokenizer(PreTrainedTokenizerFast):
             pad_to_multiple_of=None,
             padding_side=padding_side,
         )
-        split_special_tokens = self.split_special_tokens if split_special_tokens is None else split_special_tokens
-        self._tokenizer.encode_special_tokens = split_special_tokens
+        self._tokenizer.encode_special_tokens = self.split_special_tokens if split_special_tokens is None else split_special_tokens
         encode = self._tokenizer.encode_batch
         encodings_a = encode(firsts, add_special_tokens=False, is_pretokenized=is_split_into_words)
         encodings_b = encode(seconds, add_special_tokens=False, is_pretokenized=is_split_into_words)
-
-        encodings: list[Encoding] = []
-        num_special = self._tokenizer.num_special_tokens_to_add(True) if add_special_tokens else 0
-        for encoding_a, encoding_b in zip(encodings_a, encodings_b):
-            if truncation_strategy == TruncationStrategy.LONGEST_FIRST and max_length is not None:
-                keep_a, keep_b = reference_pair_lengths(len(encoding_a), len(encoding_b), max_length - num_special)
-                encoding_a.truncate(keep_a, direction=self.truncation_side)
-                encoding_b.truncate(keep_b, direction=self.truncation_side)
-            encodings.append(self._tokenizer.post_process(encoding_a, encoding_b, add_special_tokens))
-
+        truncate_to = max_length if truncation_strategy == TruncationStrategy.LONGEST_FIRST else None
+        encodings = self._join_pairs(encodings_a, encodings_b, add_special_tokens, truncate_to)
         if padding_strategy != PaddingStrategy.DO_NOT_PAD:
-            target = max(len(e) for e in encodings) if padding_strategy == PaddingStrategy.LONGEST else max_length
-            if pad_to_multiple_of and target % pad_to_multiple_of:
-                target += pad_to_multiple_of - target % pad_to_multiple_of
-            for encoding in encodings:
-                encoding.pad(
-                    target,
-                    direction=padding_side or self.padding_side,
-                    pad_id=self.pad_token_id,
-                    pad_type_id=self.pad_token_type_id,
-                    pad_token=self.pad_token,
-                )
-
-        columns: dict[str, list] = {}
-        for encoding in encodings:
-            converted, _ = self._convert_encoding(
-                encoding=encoding,
-                return_token_type_ids=return_token_type_ids,
-                return_attention_mask=return_attention_mask,
-                return_special_tokens_mask=return_special_tokens_mask,
-                return_offsets_mapping=return_offsets_mapping,
-                return_length=return_length,
-                verbose=verbose,
-            )
-            for key, value in converted.items():
-                columns.setdefault(key, []).extend(value)
+            self._pad_encodings(encodings, padding_strategy, max_length, pad_to_multiple_of, padding_side)
+        columns = self._encoding_columns(encodings, verbose, return_options)
         for input_ids in columns["input_ids"]:
             self._eventual_warn_about_too_long_sequence(input_ids, max_length, verbose)
-
         if not is_batched and return_tensors is None:
             # A single pair: one list per key, not a batch of one.
             return BatchEncoding({key: value[0] for key, value in columns.items()}, encodings)
         return BatchEncoding(columns, encodings, tensor_type=return_tensors)
+
+    def _join_pairs(self, encodings_a, encodings_b, add_special_tokens: bool, truncate_to: int | None) -> list[Encoding]:
+        """Each pair cut to `truncate_to` tokens by BERT's rule (`reference_pair_lengths`), then [CLS] A [SEP] B [SEP]."""
+        num_special = self._tokenizer.num_special_tokens_to_add(True) if add_special_tokens else 0
+        encodings: list[Encoding] = []
+        for encoding_a, encoding_b in zip(encodings_a, encodings_b):
+            if truncate_to is not None:
+                keep_a, keep_b = reference_pair_lengths(len(encoding_a), len(encoding_b), truncate_to - num_special)
+                encoding_a.truncate(keep_a, direction=self.truncation_side)
+                encoding_b.truncate(keep_b, direction=self.truncation_side)
+            encodings.append(self._tokenizer.post_process(encoding_a, encoding_b, add_special_tokens))
+        return encodings
+
+    def _pad_encodings(self, encodings: list[Encoding], padding_strategy, max_length, pad_to_multiple_of, padding_side) -> None:
+        """Pad in place to the longest pair (or `max_length`), rounded up to `pad_to_multiple_of`."""
+        target = max(len(e) for e in encodings) if padding_strategy == PaddingStrategy.LONGEST else max_length
+        if pad_to_multiple_of and target % pad_to_multiple_of:
+            target += pad_to_multiple_of - target % pad_to_multiple_of
+        for encoding in encodings:
+            encoding.pad(
+                target,
+                direction=padding_side or self.padding_side,
+                pad_id=self.pad_token_id,
+                pad_type_id=self.pad_token_type_id,
+                pad_token=self.pad_token,
+            )
+
+    def _encoding_columns(self, encodings: list[Encoding], verbose: bool, return_options: dict) -> dict[str, list]:
+        """The encodings as transformers' output columns (input_ids, token_type_ids, ... as `return_options` ask)."""
+        columns: dict[str, list] = {}
+        for encoding in encodings:
+            converted, _ = self._convert_encoding(encoding=encoding, verbose=verbose, **return_options)
+            for key, value in converted.items():
+                columns.setdefault(key, []).extend(value)
+        return columns
+
+
+def _pair_batch(text, text_pair, is_split_into_words: bool) -> tuple[list, list, bool]:
+    """(segments A, segments B, whether a batch was given): one pair or a batch of pairs, as lists."""
+    if is_split_into_words:
+        is_batched = isinstance(text, (list, tuple)) and bool(text) and isinstance(text[0], (list, tuple))
+    else:
+        is_batched = isinstance(text, (list, tuple))
+    if not is_batched:
+        return [text], [text_pair], False
+    if isinstance(text_pair, str) or len(text) != len(text_pair):
+        raise ValueError("when tokenizing a batch of pairs, `text_pair` must be a list as long as `text`.")
+    return list(text), list(text_pair), True
 
 
 # Transformers' v5 naming: the Rust-backed class carries the plain name, "Fast" is an alias.

@@ -19,12 +19,16 @@ import pytest
 import torch
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
+import transformers
 from transformers import AutoTokenizer
 
+from scratchbert.errors import ScratchBertError
 from scratchbert.ingestion import default_corpus_documents, load_documents
 from scratchbert.training import data as data_module
 from scratchbert.training.collator import DataCollatorForPretraining
 from scratchbert.training.data import (
+    available_cores,
+    build_packed_dataset,
     build_pretraining_dataset,
     create_pairs_from_document,
     cut_long_sentences,
@@ -319,11 +323,118 @@ def test_maps_over_files_are_cached_and_reused(tmp_path, bert_tokenizer, unique_
     assert next_epoch.cache_files != first.cache_files
 
 
-def test_num_proc_gives_the_same_examples(bert_tokenizer, unique_word_corpus):
+@pytest.fixture
+def worker_counts(monkeypatch):
+    """The number of processes each `map` of the pipeline was given (None: this one)."""
+    counts = []
+    choose = data_module._worker_processes
+
+    def recording(*args):
+        counts.append(choose(*args))
+        return counts[-1]
+
+    monkeypatch.setattr(data_module, "_worker_processes", recording)
+    return counts
+
+
+def test_num_proc_gives_the_same_examples(bert_tokenizer, unique_word_corpus, worker_counts):
     documents = unique_word_corpus[0][:40]
-    one = build_pretraining_dataset(documents, bert_tokenizer, max_seq_length=MAX_SEQ_LENGTH, seed=3)
-    two = build_pretraining_dataset(documents, bert_tokenizer, max_seq_length=MAX_SEQ_LENGTH, seed=3, num_proc=2)
+    build = lambda **kw: build_pretraining_dataset(documents, bert_tokenizer, max_seq_length=MAX_SEQ_LENGTH, seed=3, batch_size=8, **kw)
+    one = build()
+    assert set(worker_counts) == {None}
+    two = build(num_proc=2)
+    assert set(worker_counts) == {None, 2}  # every map of the second build really ran in two processes
     assert one.to_dict() == two.to_dict()
+
+
+def test_tokens_and_packed_blocks_do_not_depend_on_the_number_of_processes(bert_tokenizer, worker_counts):
+    """Real text; 79 documents in batches of 10 give 2 workers shards of 40 and 39 documents, so the
+    second shard starts in the middle of a packing group."""
+    documents = default_corpus_documents()
+    one = tokenize_documents(documents, bert_tokenizer, batch_size=10)
+    two = tokenize_documents(documents, bert_tokenizer, batch_size=10, num_proc=2)
+    assert worker_counts == [None, 2] and one["sentences"] == two["sentences"]
+    packed = {n: build_packed_dataset(one, bert_tokenizer, max_seq_length=64, batch_size=10, num_proc=n) for n in (1, 2, 3)}
+    assert worker_counts[-3:] == [None, 2, 3]
+    assert packed[1]["input_ids"] == packed[2]["input_ids"] == packed[3]["input_ids"]
+    assert len(packed[1]) > 1000 and all(len(ids) == 64 for ids in packed[1]["input_ids"])
+    # Groups of 10 documents, whatever the batches: the same as packing each group on its own.
+    stream = [ids for start in range(0, len(documents), 10) for ids in data_module.pack_token_stream(one[start : start + 10]["sentences"], 62, bert_tokenizer.sep_token_id)]
+    assert [ids[1:-1] for ids in packed[1]["input_ids"]] == stream
+    streamed = build_packed_dataset(datasets.Dataset.from_dict({"text": documents}).to_iterable_dataset(), bert_tokenizer, max_seq_length=64, batch_size=10)
+    assert [example["input_ids"] for example in streamed] == packed[1]["input_ids"]
+
+
+# -- progress bars -------------------------------------------------------------------
+
+
+@pytest.fixture
+def datasets_bars_on(monkeypatch, tmp_path):
+    """datasets' bars switched on (this module switches them off) and an empty cache, so every step draws its bar."""
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf-cache"))
+    datasets.enable_progress_bars()
+    yield
+    datasets.disable_progress_bars()
+
+
+@pytest.fixture(scope="module")
+def many_documents_file(tmp_path_factory):
+    """2,400 short documents of real text (two sentences of the embedded corpus each): work for two processes."""
+    sentences = [s for document in default_corpus_documents() for s in split_sentences(document) if len(s.split()) > 3]
+    documents = [" ".join(sentences[i : i + 2]) for i in range(0, len(sentences) - 1, 2)]
+    documents = (documents * math.ceil(2400 / len(documents)))[:2400]
+    path = tmp_path_factory.mktemp("many") / "many.txt"
+    path.write_text("\n\n".join(documents) + "\n", encoding="utf-8")
+    return path
+
+
+def finished_bars(stderr: str) -> list[str]:
+    """The last state of every tqdm bar written to stderr (a bar redraws itself after carriage returns)."""
+    return [line.rsplit("\r", 1)[-1] for line in stderr.split("\n") if "/s]" in line]
+
+
+def test_no_progress_bar_silences_every_bar_datasets_included(many_documents_file, minilm_dir, tmp_path, capfd, datasets_bars_on, worker_counts, fresh_accelerator_state):
+    from scratchbert.commands import main
+
+    tiny = ["--hidden-size", "32", "--num-hidden-layers", "1", "--num-attention-heads", "4", "--intermediate-size", "64",
+            "--max-position-embeddings", "64", "--max-seq-length", "32", "--batch-size", "4", "--max-steps", "1",
+            "--eval-every", "0", "--save-every", "0", "--max-eval-examples", "8", "--report-to", "none"]  # fmt: skip
+    flags = ["--train-files", str(many_documents_file), "--tokenizer", str(minilm_dir), "--output-dir", str(tmp_path / "run"), "--num-proc", "2"]
+    assert main(["pretrain", *flags, *tiny, "--no-progress-bar"]) == 0
+    err = capfd.readouterr().err
+    assert 2 in worker_counts  # the bars of a map in several processes are silenced too
+    assert finished_bars(err) == [] and "%|" not in err and "examples/s" not in err, err
+    assert not datasets.utils.are_progress_bars_disabled()  # the global switches are back as they were
+    assert transformers.utils.logging.is_progress_bar_enabled()
+
+
+def test_with_bars_on_each_stage_draws_one_bar_with_its_rate(many_documents_file, bert_tokenizer, tmp_path, capfd, datasets_bars_on, fresh_accelerator_state):
+    from scratchbert.training import corpus
+    from scratchbert.training.config import PretrainConfig
+
+    fresh = tmp_path / "many.txt"  # a file no other test has read into the Arrow cache
+    fresh.write_bytes(many_documents_file.read_bytes())
+    config = PretrainConfig(train_files=[str(fresh)], max_seq_length=32, max_position_embeddings=64, num_proc=2)
+    train_docs, eval_docs = corpus.split_documents(corpus.load_corpus(config), config.eval_fraction, config.seed)
+    corpus.build_datasets(config, bert_tokenizer, train_docs, eval_docs)
+    bars = finished_bars(capfd.readouterr().err)
+    assert [bar.split(":")[0] for bar in bars] == [
+        "Generating train split",
+        "Splitting and tokenizing (num_proc=2)",  # the training split, 2,160 documents: two processes, one bar
+        "Packing text into blocks (num_proc=2)",
+        "Splitting and tokenizing",  # the held-out split, 240 documents: one process
+        "Packing text into blocks",
+    ]
+    assert all("examples/s" in bar for bar in bars) and all("100%" in bar for bar in bars[1:])  # reading has no total
+
+
+def test_the_default_number_of_processes_is_the_cores_this_process_may_use():
+    from scratchbert.training.config import PretrainConfig
+
+    assert available_cores() >= 1 and PretrainConfig().num_proc == available_cores()
+    assert PretrainConfig(num_proc=1).num_proc == 1
+    with pytest.raises(ScratchBertError, match="num_proc"):
+        PretrainConfig(num_proc=0)
 
 
 def test_default_corpus_builds_full_length_examples(bert_tokenizer):

@@ -13,6 +13,7 @@ from accelerate import PartialState
 
 from scratchbert.training.config import PretrainConfig
 from scratchbert.training.config_file import add_config_arguments, format_sources, resolve_args
+from scratchbert.training.data import progress_bars
 from scratchbert.training.pretrain import DEMO_SENTENCES, pretrain, print_fill_mask
 
 from .report import report_errors
@@ -48,7 +49,8 @@ def run(args: argparse.Namespace) -> int:
     if args.print_config:
         print(format_sources(config, sources))
         return 0
-    result = pretrain(config)
+    with progress_bars(config.progress_bar):  # --no-progress-bar: datasets' and transformers' bars too
+        result = pretrain(config)
     sentences = args.fill_mask
     if sentences is None:  # the demo's sentences suit the embedded corpus only
         sentences = DEMO_SENTENCES if not (config.train_files or config.dataset) else ()

@@ -39,7 +39,7 @@ from pathlib import Path
 from scratchbert.configuration_scratchbert import ScratchBertConfig
 from scratchbert.errors import ScratchBertError
 from scratchbert.training.config_file import ConfigFile
-from scratchbert.training.data import check_max_seq_length
+from scratchbert.training.data import available_cores, check_max_seq_length
 
 # (num_hidden_layers, hidden_size); heads and feed-forward width follow BERT's ratios.
 PRESETS: dict[str, tuple[int, int]] = {
@@ -179,6 +179,13 @@ class DataArguments:
     eval_fraction: float = field(default=0.1, metadata={"help": "fraction of documents held out for evaluation"})
     max_eval_examples: int = field(default=1000, metadata=_resumable("cap on held-out examples scored per evaluation (0: all)"))
     num_workers: int = field(default=0, metadata=_resumable("DataLoader worker processes"))
+    num_proc: int | None = field(
+        default=None,
+        metadata=_resumable(
+            "processes that split, tokenize and pack the corpus (default: the CPU cores this process may use); "
+            "the examples are the same for any number"
+        ),
+    )
 
 
 @dataclass
@@ -252,6 +259,7 @@ class PretrainConfig(TrainingArguments, DataArguments, ModelArguments, ConfigFil
         layers = {
             "default": {
                 "max_steps": DEFAULT_MAX_STEPS if self.time_budget is None else None,
+                "num_proc": available_cores(),
                 "output_dir": str(Path("runs") / self.preset),
             },
             "preset": {**preset_geometry(self.preset), "hidden_size": hidden, **_derived_sizes(hidden)},
@@ -266,7 +274,7 @@ class PretrainConfig(TrainingArguments, DataArguments, ModelArguments, ConfigFil
         """Raise a ScratchBertError naming the bad value and the fix (the model's geometry: `ScratchBertConfig`'s)."""
         for kwargs in (self.model_kwargs(), self.saved_model_kwargs()):
             ScratchBertConfig(**kwargs)
-        positive = ("max_seq_length", "dupe_factor", "batch_size", "gradient_accumulation_steps", "keep_last", "log_every")
+        positive = ("max_seq_length", "dupe_factor", "batch_size", "gradient_accumulation_steps", "keep_last", "log_every", "num_proc")
         for name in positive + (("max_steps",) if self.max_steps is not None else ()):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
@@ -338,6 +346,7 @@ class PretrainConfig(TrainingArguments, DataArguments, ModelArguments, ConfigFil
 _VERSION_1_VALUES = {
     "recipe": "paper", "nsp": True, "packing": "sentence-pairs", "time_budget": None,
     "finetune_dropout": 0.1, "adam_beta1": 0.9, "adam_beta2": 0.999, "position_init": "normal",
+    "num_proc": None,  # bookkeeping (resumable): None takes this machine's default
 }  # fmt: skip
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import datasets
 import torch
-from accelerate import Accelerator
+from accelerate import Accelerator, PartialState
 from torch.utils.data import DataLoader
 
 from scratchbert import ingestion
@@ -21,18 +21,22 @@ from scratchbert.errors import ScratchBertError
 from scratchbert.tokenization import load_tokenizer, train_tokenizer
 from scratchbert.training.collator import MODEL_INPUTS, DataCollatorForPretraining, IndexedDataset, SeededCollator
 from scratchbert.training.config import DEFAULT_VOCAB_SIZE, PretrainConfig
-from scratchbert.training.data import build_packed_dataset, build_pretraining_dataset, tokenize_documents
+from scratchbert.training.data import build_packed_dataset, build_pretraining_dataset, progress_bars, tokenize_documents
 from scratchbert.training.evaluation import EVAL_MLM_PROBABILITY
 
 TOKENIZER_DIR = "tokenizer"  # the run's own tokenizer, in its output folder
 
 
+def _show_progress(config: PretrainConfig) -> bool:
+    """datasets' bars: with --progress-bar, on one process per machine (the others read its cache)."""
+    return config.progress_bar and PartialState().is_local_main_process
+
+
 def load_corpus(config: PretrainConfig) -> list[str]:
     """The run's documents: --train-files, --dataset, or the embedded default corpus."""
-    if config.train_files:
-        documents = ingestion.load_documents(config.train_files, text_column=config.text_column)["text"]
-    elif config.dataset:
-        documents = ingestion.load_documents(config.dataset, text_column=config.text_column)["text"]
+    if config.train_files or config.dataset:
+        with progress_bars(_show_progress(config)):
+            documents = ingestion.load_documents(config.train_files or config.dataset, text_column=config.text_column)["text"]
     else:
         documents = ingestion.default_corpus_documents()
     documents = [doc for doc in documents if doc.strip()]
@@ -112,10 +116,15 @@ def build_datasets(config: PretrainConfig, tokenizer, train_docs: list[str], eva
     offers more distinct sentence pairs than one pass over it would. Without NSP every B
     is the text that follows A.
     """
+    with progress_bars(_show_progress(config)):
+        return _build_datasets(config, tokenizer, train_docs, eval_docs)
+
+
+def _build_datasets(config: PretrainConfig, tokenizer, train_docs, eval_docs):
     def examples(tokenized, seed: int):
         if config.packing == "full-sentences":
-            return build_packed_dataset(tokenized, tokenizer, max_seq_length=config.max_seq_length)
-        pairing = {"max_seq_length": config.max_seq_length, "short_seq_prob": config.short_seq_prob}
+            return build_packed_dataset(tokenized, tokenizer, max_seq_length=config.max_seq_length, num_proc=config.num_proc)
+        pairing = {"max_seq_length": config.max_seq_length, "short_seq_prob": config.short_seq_prob, "num_proc": config.num_proc}
         return build_pretraining_dataset(tokenized, tokenizer, seed=seed, nsp_probability=0.5 if config.nsp else 0.0, **pairing)
 
     splits = []
@@ -123,7 +132,7 @@ def build_datasets(config: PretrainConfig, tokenizer, train_docs: list[str], eva
         ("training", train_docs, config.dupe_factor if config.packing == "sentence-pairs" else 1, config.seed),
         ("held-out", eval_docs, 1, config.seed + 10_000),  # a seed no training copy uses
     ):
-        tokenized = tokenize_documents(docs, tokenizer)
+        tokenized = tokenize_documents(docs, tokenizer, num_proc=config.num_proc)
         try:
             dataset = datasets.concatenate_datasets([examples(tokenized, seed + copy) for copy in range(copies)])
         except ValueError as err:

@@ -20,15 +20,21 @@ The pipeline, one function per step:
 the seed, so a training loop can tokenize once and re-pair every epoch with
 `build_pretraining_dataset(tokenized, tokenizer, seed=seed + epoch)`.
 
+Every step is a `datasets.map` over documents; `num_proc` spreads it over processes
+(`available_cores()` by default in `scratchbert pretrain`) and the examples are the same for
+any number of them. `progress_bars(False)` silences datasets' bars around any of these calls.
+
 Labels follow transformers' `BertForPreTraining`: `next_sentence_label` 0 means B
 continues A, 1 means B is random.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
+import os
 import random
 import re
 from collections.abc import Callable, Iterator, Sequence
@@ -72,8 +78,52 @@ Documents = Sequence[str] | datasets.Dataset | datasets.IterableDataset
 
 
 # ---------------------------------------------------------------------------
-# 1. Sources: `scratchbert.ingestion` (files, globs, saved datasets, the hub, the embedded corpus)
+# 0. Processes and progress bars (sources: `scratchbert.ingestion`)
 # ---------------------------------------------------------------------------
+
+
+def available_cores() -> int:
+    """The CPU cores this process may run on: its affinity mask, which containers and `taskset` narrow."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS and Windows have no affinity masks
+        return os.cpu_count() or 1
+
+
+def _worker_processes(num_proc: int | None, num_documents: int, batch_size: int) -> int | None:
+    """`num_proc` for a `map` over `num_documents`: None (this process) unless each worker gets a whole batch.
+
+    Starting a worker costs more than a small corpus takes to process, so at most one worker
+    per `batch_size` documents is started.
+    """
+    workers = min(num_proc or 1, -(-num_documents // batch_size))
+    return workers if workers > 1 else None
+
+
+@contextlib.contextmanager
+def progress_bars(enabled: bool) -> Iterator[None]:
+    """Inside the block the progress bars of datasets and transformers (saving a model) are off unless `enabled`.
+
+    Their global switches are restored after. (With bars on, every `map` here shows one bar
+    with its rate in documents per second, also when it runs in several processes.)
+    """
+    from datasets.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+    from transformers.utils import logging as transformers_logging
+
+    switches = (
+        (lambda: not are_progress_bars_disabled(), disable_progress_bars, enable_progress_bars),
+        (transformers_logging.is_progress_bar_enabled, transformers_logging.disable_progress_bar, transformers_logging.enable_progress_bar),
+    )
+    switched_off = []
+    for is_on, switch_off, switch_on in switches if not enabled else ():
+        if is_on():
+            switch_off()
+            switched_off.append(switch_on)
+    try:
+        yield
+    finally:
+        for switch_on in switched_off:
+            switch_on()
 
 
 # ---------------------------------------------------------------------------
@@ -192,7 +242,9 @@ def tokenize_documents(
     Args:
         documents: a list of strings, or a `Dataset` / `IterableDataset` with a "text" column.
         tokenizer: any transformers tokenizer; special tokens are not added here.
-        num_proc: worker processes for `map` (ignored for an `IterableDataset`, which is lazy).
+        num_proc: processes for `map` (ignored for an `IterableDataset`, which is lazy); at
+            most one per `batch_size` documents is started. Each document is tokenized on its
+            own, so the result does not depend on it.
         batch_size: documents per `map` batch.
 
     Returns:
@@ -218,7 +270,7 @@ def tokenize_documents(
     return dataset.map(
         _tokenize_batch,
         features=TOKENIZED_FEATURES,
-        num_proc=num_proc,
+        num_proc=_worker_processes(num_proc, len(dataset), batch_size),
         new_fingerprint=Hasher.hash([dataset._fingerprint, _code_fingerprint(), _tokenizer_fingerprint(tokenizer)]),
         desc="Splitting and tokenizing",
         **map_kwargs,
@@ -536,7 +588,7 @@ def build_pretraining_dataset(
         remove_columns=usable.column_names,
         features=PRETRAINING_FEATURES,
         fn_kwargs={"documents": usable, **pair_kwargs},
-        num_proc=num_proc,
+        num_proc=_worker_processes(num_proc, len(usable), batch_size),
         # The documents ride along in fn_kwargs; fingerprint them by their own fingerprint
         # rather than by pickling their content.
         new_fingerprint=Hasher.hash([usable._fingerprint, _code_fingerprint(), pair_kwargs]),
@@ -562,7 +614,7 @@ def _documents_with_pairs(tokenized: datasets.Dataset, max_num_tokens: int, nsp_
                 batch_size=batch_size,
                 remove_columns=tokenized.column_names,
                 fn_kwargs={"max_num_tokens": max_num_tokens},
-                num_proc=num_proc,
+                num_proc=_worker_processes(num_proc, len(tokenized), batch_size),
                 desc="Counting sentences",
             )["num_segments"]
         )
@@ -622,9 +674,23 @@ def pack_token_stream(documents: Sequence[Sequence[TokenIds]], block_length: int
     return [stream[start : start + block_length] for start in range(0, len(stream) - block_length + 1, block_length)]
 
 
-def _packed_blocks_for_batch(batch: dict, *, block_length: int, cls_id: int, sep_id: int) -> dict:
-    """Map function: a batch of tokenized documents -> full-length `[CLS] block [SEP]` examples."""
-    blocks = pack_token_stream(batch["sentences"], block_length, sep_id)
+def _packed_blocks_for_batch(
+    batch: dict, indices: list[int], *, documents, group_size: int, block_length: int, cls_id: int, sep_id: int
+) -> dict:
+    """Map function: the full-length `[CLS] block [SEP]` examples of each group of documents that starts in this batch.
+
+    The token stream is cut per group of `group_size` documents, counted from the first
+    document, not per map batch: the blocks are then the same whatever batches and processes
+    `map` hands out. A group that runs on past this batch (a worker's shard may end mid-group)
+    is read whole from `documents` (None when streaming, whose batches are the groups); a
+    group that started in an earlier batch is that batch's.
+    """
+    first, end = indices[0], indices[-1] + 1  # map batches are contiguous runs of documents
+    blocks: list[TokenIds] = []
+    for start in range(-(-first // group_size) * group_size, end, group_size):
+        stop = min(start + group_size, end if documents is None else len(documents))
+        group = batch["sentences"][start - first : stop - first] if stop <= end else documents[start:stop]["sentences"]
+        blocks.extend(pack_token_stream(group, block_length, sep_id))
     length = block_length + 2
     return {
         "input_ids": [[cls_id, *block, sep_id] for block in blocks],
@@ -653,8 +719,10 @@ def build_packed_dataset(
             output of `tokenize_documents`, or an `IterableDataset` of either).
         max_seq_length: tokens per example, [CLS] and [SEP] included (at least
             `MIN_MAX_SEQ_LENGTH`, the one bound of every recipe: `check_max_seq_length`).
-        batch_size: documents per `map` batch; the stream is cut per batch, so the last
-            partial block of each batch (at most max_seq_length - 3 tokens) is dropped.
+        num_proc: processes for the `map` calls; the examples do not depend on it.
+        batch_size: documents per `map` batch and per packing group: the stream is cut per
+            group of this many documents, so the last partial block of each group (at most
+            max_seq_length - 3 tokens) is dropped.
 
     Returns:
         Dataset (IterableDataset when streaming) with input_ids, token_type_ids (all 0) and
@@ -669,14 +737,16 @@ def build_packed_dataset(
     if cls_id is None or sep_id is None:
         raise ScratchBertError("the tokenizer has no [CLS] or [SEP] token; BERT examples need both (set cls_token and sep_token)")
     tokenized = _tokenized(documents, tokenizer, num_proc, batch_size)
-    pack_kwargs = {"block_length": max_seq_length - 2, "cls_id": cls_id, "sep_id": sep_id}
-    map_kwargs = {"batched": True, "batch_size": batch_size, "remove_columns": ["sentences"], "features": PACKED_FEATURES, "fn_kwargs": pack_kwargs}
+    pack_kwargs = {"group_size": batch_size, "block_length": max_seq_length - 2, "cls_id": cls_id, "sep_id": sep_id}
+    map_kwargs = {"batched": True, "batch_size": batch_size, "with_indices": True, "remove_columns": ["sentences"], "features": PACKED_FEATURES}
     if isinstance(tokenized, datasets.IterableDataset):
-        return tokenized.map(_packed_blocks_for_batch, **map_kwargs)
+        return tokenized.map(_packed_blocks_for_batch, fn_kwargs={"documents": None, **pack_kwargs}, **map_kwargs)
     examples = tokenized.map(
         _packed_blocks_for_batch,
-        num_proc=num_proc,
-        new_fingerprint=Hasher.hash([tokenized._fingerprint, _code_fingerprint(), pack_kwargs, batch_size]),
+        fn_kwargs={"documents": tokenized, **pack_kwargs},
+        num_proc=_worker_processes(num_proc, len(tokenized), batch_size),
+        # The documents ride along in fn_kwargs: fingerprint them by their own fingerprint.
+        new_fingerprint=Hasher.hash([tokenized._fingerprint, _code_fingerprint(), pack_kwargs]),
         desc="Packing text into blocks",
         **map_kwargs,
     )
@@ -691,12 +761,14 @@ def build_packed_dataset(
 
 __all__ = [
     "MIN_MAX_SEQ_LENGTH",
+    "available_cores",
     "build_packed_dataset",
     "check_max_seq_length",
     "build_pretraining_dataset",
     "create_pairs_from_document",
     "cut_long_sentences",
     "pack_token_stream",
+    "progress_bars",
     "split_sentences",
     "tokenize_documents",
     "truncate_pair",
