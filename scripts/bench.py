@@ -374,11 +374,12 @@ def cpu_profile() -> str:
     gemm = f"GEMM kernels by measurement (SCRATCHBERT_GEMM={os.environ.get('SCRATCHBERT_GEMM', 'auto')})"
     if cpu_gemm.AMX_BF16:
         return f"{name} with AMX bf16: {gemm}; stacked Q/K/V and row-split 768-output GEMMs in bf16, SDPA attention"
-    bmm = f"attention as two batched GEMMs up to {cpu_gemm.BMM_ATTENTION_MAX_LENGTH} tokens"
+    bmm = (f"attention up to {cpu_gemm.BMM_ATTENTION_MAX_LENGTH} tokens by SDPA or two batched GEMMs, "
+           "whichever measured faster on its first real calls")
     if cpu_gemm.BF16_UNITS:
         return f"{name} with AVX-512 BF16, no AMX: {gemm}; separate Q/K/V GEMMs, {bmm}, SDPA above"
     if cpu_gemm.BF16_UNITS is None:
-        return f"{name}, capabilities unknown: {gemm}; separate Q/K/V GEMMs, SDPA attention"
+        return f"{name}, capabilities unknown: torch's own calls; separate Q/K/V GEMMs, SDPA attention"
     return f"{name} with no bf16 units: {gemm}; separate Q/K/V GEMMs, {bmm} in fp32, SDPA above and in bf16"
 
 
@@ -388,6 +389,10 @@ def gemm_choices() -> str:
     for (gemm, _), kernel in sorted(cpu_gemm.DECISIONS.items(), key=lambda item: str(item[0])):
         mode = "inference" if gemm.inference else "training"
         counts = groups.setdefault((str(gemm.dtype).removeprefix("torch."), mode, gemm.product), {})
+        counts[kernel] = counts.get(kernel, 0) + 1
+    for (length, _, dtype, training, _), kernel in sorted(cpu_gemm.ATTENTION_DECISIONS.items(), key=str):
+        mode = "training" if training else "inference"
+        counts = groups.setdefault((str(dtype).removeprefix("torch."), mode, "attention (length buckets)"), {})
         counts[kernel] = counts.get(kernel, 0) + 1
     return "; ".join(f"{dtype} {mode} {product}: " + ", ".join(f"{k} x{n}" for k, n in counts.items())
                      for (dtype, mode, product), counts in groups.items())
