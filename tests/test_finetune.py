@@ -366,12 +366,12 @@ def test_finetune_from_a_datasets_folder_with_its_splits(tmp_path, capsys, cli_m
 
 
 def test_defaults_follow_the_model_width_and_the_number_of_examples():
-    assert default_learning_rate(128) == default_learning_rate(256) == 3e-4  # tiny, mini (the BERT miniatures)
+    assert default_learning_rate(128) == 1e-3 and default_learning_rate(256) == 3e-4  # tiny, mini (the BERT miniatures)
     assert default_learning_rate(512) == 1e-4 and default_learning_rate(768) == 5e-5  # small/medium, base
     config = FinetuneConfig("ckpt", output_dir="out")
     assert config.learning_rate is None and config.epochs is None and config.min_steps == DEFAULT_MIN_STEPS
     few = fitted_schedule(config, hidden_size=128, train_rows=405)  # 26 steps of 16 an epoch
-    assert few["learning_rate"] == 3e-4 and few["steps_per_epoch"] == 26
+    assert few["learning_rate"] == 1e-3 and few["steps_per_epoch"] == 26
     assert few["epochs"] == 12 and few["optimizer_steps"] == 312 >= DEFAULT_MIN_STEPS  # whole epochs, at least 300 steps
     many = fitted_schedule(config, hidden_size=768, train_rows=25_000)
     assert many["epochs"] == DEFAULT_EPOCHS and many["learning_rate"] == 5e-5

@@ -64,9 +64,9 @@ DOCS = "docs/finetuning.md"  # what was measured, and why the defaults are what 
 
 # Defaults fitted to the model and the data, used where no flag or file sets the option (DOCS).
 # A narrow encoder needs larger steps than BERT-base's 5e-5 (Google fine-tuned its BERT
-# miniatures at up to 3e-4, Turc et al. 2019): the peak learning rate by hidden size H, as
-# (largest H, rate).
-LEARNING_RATES_BY_WIDTH = ((256, 3e-4), (512, 1e-4), (math.inf, 5e-5))
+# miniatures at up to 3e-4, Turc et al. 2019; `tiny` measured best at 1e-3): the peak
+# learning rate by hidden size H, as (largest H, rate).
+LEARNING_RATES_BY_WIDTH = ((128, 1e-3), (256, 3e-4), (512, 1e-4), (math.inf, 5e-5))
 DEFAULT_EPOCHS = 3  # BERT's; with few labels, epochs are added until there are `min_steps` optimizer steps
 DEFAULT_MIN_STEPS = 300
 # A classifier that gives this share (or more) of the examples one class, where the labels are
@@ -521,7 +521,7 @@ class FinetuneConfig(ConfigFile):
     eval_batch_size: int = field(default=64, metadata={"help": "examples per evaluation batch"})
     gradient_accumulation_steps: int = field(default=1, metadata={"help": "forward passes per optimizer step"})
     learning_rate: float | None = field(
-        default=None, metadata={"help": f"peak learning rate of AdamW (default: by the model's hidden size, from 3e-4 to 5e-5: {DOCS})"}
+        default=None, metadata={"help": f"peak learning rate of AdamW (default: by the model's hidden size, from 1e-3 to 5e-5: {DOCS})"}
     )
     weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay"})
     warmup_ratio: float = field(default=0.1, metadata={"help": "fraction of steps with a linear warmup"})
