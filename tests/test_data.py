@@ -595,3 +595,48 @@ def test_very_large_corpus_file_streams_and_builds(tmp_path, bert_tokenizer):
     labels = examples["next_sentence_label"]
     assert len(examples) > 20_000 and abs(sum(labels) / len(labels) - 0.5) < 0.02
     assert max(len(ids) for ids in examples["input_ids"]) <= 128
+
+
+# -- prepared once ---------------------------------------------------------------------
+
+
+def test_prepared_data_is_reused_and_rebuilt_when_the_corpus_or_tokenizer_changes(tmp_path, monkeypatch, bert_tokenizer, fresh_accelerator_state):
+    """A second run on the same corpus, tokenizer and options reads the cached examples without
+    tokenizing; an edited corpus file or another tokenizer builds new ones."""
+    from scratchbert.tokenization import train_tokenizer
+    from scratchbert.training import corpus
+    from scratchbert.training.config import PretrainConfig
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "cache"))
+    tokenized = []  # the documents each preparation tokenized
+    tokenize = data_module._tokenize_batch
+
+    def counting(batch, tokenizer):
+        tokenized.extend(batch["text"])
+        return tokenize(batch, tokenizer)
+
+    monkeypatch.setattr(data_module, "_tokenize_batch", counting)
+    documents = [" ".join(document.split()) for document in default_corpus_documents()[:30]]
+    path = tmp_path / "corpus.txt"
+    path.write_text("\n\n".join(documents) + "\n", encoding="utf-8")
+    config = PretrainConfig(train_files=[str(path)], max_seq_length=32, max_position_embeddings=64, num_proc=1)
+
+    def prepare(tokenizer):
+        tokenized.clear()
+        train_docs, eval_docs = corpus.split_documents(corpus.load_corpus(config), config.eval_fraction, config.seed)
+        return corpus.build_datasets(config, tokenizer, train_docs, eval_docs)
+
+    first = prepare(bert_tokenizer)
+    assert sorted(tokenized) == sorted(documents) and all(split.cache_files for split in first)
+    again = prepare(bert_tokenizer)
+    assert tokenized == []  # read from the cache: nothing tokenized again
+    assert [split.cache_files for split in again] == [split.cache_files for split in first]
+    assert [split.to_dict() for split in again] == [split.to_dict() for split in first]
+
+    other = prepare(train_tokenizer(documents, vocab_size=300, show_progress=False))
+    assert len(tokenized) == 30 and other[0]["input_ids"] != first[0]["input_ids"]
+    with path.open("a", encoding="utf-8") as handle:
+        handle.write("\nA new document about nothing. It has two sentences.\n")
+    edited = prepare(bert_tokenizer)
+    assert len(tokenized) == 31 and "A new document about nothing. It has two sentences." in tokenized
+    assert edited[0].cache_files != first[0].cache_files

@@ -9,11 +9,13 @@ folder is touched, so a bad input never damages a finished run.
 from __future__ import annotations
 
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 
 import datasets
 import torch
 from accelerate import Accelerator, PartialState
+from datasets.arrow_dataset import Column
 from torch.utils.data import DataLoader
 
 from scratchbert import ingestion
@@ -32,21 +34,44 @@ def _show_progress(config: PretrainConfig) -> bool:
     return config.progress_bar and PartialState().is_local_main_process
 
 
-def load_corpus(config: PretrainConfig) -> list[str]:
-    """The run's documents: --train-files, --dataset, or the embedded default corpus."""
+def load_corpus(config: PretrainConfig) -> Sequence[str]:
+    """The run's documents: --train-files, --dataset, or the embedded default corpus.
+
+    Files and datasets stay where `ingestion.load_documents` puts them, in datasets' Arrow
+    cache (memory-mapped, keyed by the files' paths, sizes and modification times): the
+    documents are its "text" column, read lazily, never a list in memory. The examples built
+    from them are cached beside it (`build_datasets`), so a second run on the same corpus
+    reuses them. The embedded corpus is a list of strings.
+    """
     if config.train_files or config.dataset:
         with progress_bars(_show_progress(config)):
-            documents = ingestion.load_documents(config.train_files or config.dataset, text_column=config.text_column)["text"]
+            dataset = ingestion.load_documents(config.train_files or config.dataset, text_column=config.text_column)
+        documents = _with_text(dataset)["text"]
     else:
-        documents = ingestion.default_corpus_documents()
-    documents = [doc for doc in documents if doc.strip()]
-    if not documents:
+        documents = [doc for doc in ingestion.default_corpus_documents() if doc.strip()]
+    if not len(documents):
         raise ScratchBertError("the training corpus holds no text: check --train-files / --dataset.")
     return documents
 
 
-def split_documents(documents: list[str], eval_fraction: float, seed: int) -> tuple[list[str], list[str]]:
-    """Hold out whole documents (never halves of one) for evaluation, chosen by a seeded shuffle."""
+def _with_text(dataset: datasets.Dataset) -> datasets.Dataset:
+    """The rows whose text is more than whitespace (a table may hold blank ones), found by Arrow compute."""
+    import pyarrow.compute as pc
+
+    keep, offset = [], 0
+    for batch in dataset.with_format("arrow").iter(batch_size=100_000):
+        has_text = pc.fill_null(pc.greater(pc.utf8_length(pc.utf8_trim_whitespace(batch["text"])), 0), False)
+        keep.extend((pc.indices_nonzero(has_text).to_numpy() + offset).tolist())
+        offset += len(batch)
+    return dataset if len(keep) == len(dataset) else dataset.select(keep)
+
+
+def split_documents(documents: Sequence[str], eval_fraction: float, seed: int) -> tuple[Sequence[str], Sequence[str]]:
+    """Hold out whole documents (never halves of one) for evaluation, chosen by a seeded shuffle.
+
+    The documents of an Arrow-backed corpus (`load_corpus`) stay in the Arrow cache: each
+    split is an index over it, so its examples are cached and reused like the corpus.
+    """
     if len(documents) < 4:
         raise ScratchBertError(
             f"the corpus has {len(documents)} document(s); NSP needs several documents for random "
@@ -57,6 +82,9 @@ def split_documents(documents: list[str], eval_fraction: float, seed: int) -> tu
     n_eval = max(2, round(eval_fraction * len(documents)))
     held_out = sorted(order[:n_eval])
     kept = sorted(order[n_eval:])
+    if isinstance(documents, Column) and isinstance(documents.source, datasets.Dataset):
+        source, column = documents.source, documents.column_name
+        return source.select(kept)[column], source.select(held_out)[column]
     return [documents[i] for i in kept], [documents[i] for i in held_out]
 
 
@@ -105,8 +133,15 @@ def check_vocabulary(tokenizer, model_config) -> None:
         )
 
 
-def build_datasets(config: PretrainConfig, tokenizer, train_docs: list[str], eval_docs: list[str]):
+def build_datasets(config: PretrainConfig, tokenizer, train_docs: Sequence[str], eval_docs: Sequence[str]):
     """Example datasets for training and evaluation (`datasets.Dataset`s), as `config.packing` says.
+
+    Prepared once: for documents in the Arrow cache (`load_corpus`), every step is cached
+    beside them under a key made of the documents (the corpus files' paths, sizes and
+    modification times, and the split), the tokenizer's content, the options and data.py's
+    code, so a second run, a resume or another model with the same corpus, tokenizer and
+    options reads the examples instead of tokenizing again, and an edited corpus or another
+    tokenizer builds new ones.
 
     full-sentences: the documents' text packed into examples of exactly max_seq_length
     tokens (`build_packed_dataset`); dynamic masking makes each epoch new.

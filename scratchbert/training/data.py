@@ -41,6 +41,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import datasets
+from datasets.arrow_dataset import Column
 from datasets.fingerprint import Hasher
 
 from scratchbert.errors import ScratchBertError
@@ -240,7 +241,8 @@ def tokenize_documents(
     """Split documents into sentences and tokenize them, with `datasets.map(batched=True)`.
 
     Args:
-        documents: a list of strings, or a `Dataset` / `IterableDataset` with a "text" column.
+        documents: a list of strings, a `Dataset` / `IterableDataset` with a "text" column, or
+            a dataset's column (`dataset["text"]`, mapped over without copying it).
         tokenizer: any transformers tokenizer; special tokens are not added here.
         num_proc: processes for `map` (ignored for an `IterableDataset`, which is lazy); at
             most one per `batch_size` documents is started. Each document is tokenized on its
@@ -252,6 +254,12 @@ def tokenize_documents(
         per document, a list of sentences, each a non-empty list of token ids. Documents
         keep their order and count (an empty document has no sentences).
     """
+    if isinstance(documents, Column) and isinstance(documents.source, datasets.Dataset):
+        # A column of a cached dataset (`dataset["text"]`): map over its table, which keeps the cache.
+        column = documents.column_name
+        documents = documents.source.select_columns([column])
+        if column != "text":
+            documents = documents.rename_column(column, "text")
     if isinstance(documents, (datasets.Dataset, datasets.IterableDataset)):
         if documents.column_names is not None and "text" not in documents.column_names:
             raise ScratchBertError(
