@@ -640,3 +640,16 @@ def test_prepared_data_is_reused_and_rebuilt_when_the_corpus_or_tokenizer_change
     edited = prepare(bert_tokenizer)
     assert len(tokenized) == 31 and "A new document about nothing. It has two sentences." in tokenized
     assert edited[0].cache_files != first[0].cache_files
+
+
+@pytest.mark.slow
+def test_data_scale_bench_prints_equal_examples_for_every_process_count(shared_data):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "bench_data_scale.py"
+    args = ["--megabytes", "1", "--num-proc", "1", "2", "--limit-documents", "200"]
+    out = subprocess.run([sys.executable, str(script), *args], check=True, capture_output=True, text=True, timeout=600).stdout
+    rows = [line.split("|")[1:-1] for line in out.splitlines() if line.startswith("| 1 ") or line.startswith("| 2 ")]
+    assert [row[0].strip() for row in rows] == ["1", "2"] and rows[0][7] == rows[1][7]  # the same examples
