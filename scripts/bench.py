@@ -328,14 +328,19 @@ def trial_calls() -> int:
     return sum(len(times) for trial in cpu_gemm.TRIALS.values() for times in trial.seconds_per_row.values())
 
 
+PAUSE_S = 0.2  # idle time before each timed run (see `interleaved`)
+
+
 def interleaved(fns: list, repeats: int) -> list[float]:
     """Median seconds of each function, run in turn (after one warm-up each).
 
     The first function is scratchbert's fast path: its warm-up goes on while cpu_gemm's proposals
     are still on trial on its calls (a few calls; a layer called once per step, such as the MLM
     decoder, needs `cpu_gemm.CONFIRM_CALLS` x 2 steps), so the timed runs see the settled kernels.
-    Each round starts with the next function, so none always runs right after the same other one
-    (ONNX Runtime's threads spin for a while after a run).
+    Each round starts with the next function, and every timed run starts after a pause of
+    `PAUSE_S` on idle cores: ONNX Runtime's threads spin for a while after a run, and with the
+    rotation alone the function placed right after it (scratchbert's, in 3 of 5 rounds with four
+    columns) paid for that spinning (a 2-layer run measured 0.54x the plain model that way).
     """
     for fn in fns:
         fn()
@@ -348,6 +353,7 @@ def interleaved(fns: list, repeats: int) -> list[float]:
     for round_ in range(repeats):
         for i in range(len(fns)):
             which = (round_ + i) % len(fns)
+            time.sleep(PAUSE_S)
             start = time.perf_counter()
             fns[which]()
             times[which].append(time.perf_counter() - start)
