@@ -291,6 +291,10 @@ class _Trial:
     in one bucket differ in size); after `CONFIRM_CALLS` calls each, the proposal wins if its
     median is `MARGIN` below the baseline's. Alternating calls share the model's state: the same
     weights, as cold or warm in cache as the model leaves them, the same other load on the cores.
+
+    Inference only: in training, alternating kernels would make a run's numbers depend on when
+    each trial ended, and a resumed run must end with the weights of an uninterrupted one
+    (training keeps the microbenchmark's pick, and the two-GEMM attention where it is a candidate).
     """
 
     kernel: str
@@ -444,8 +448,8 @@ def choose(gemm: Gemm) -> str:
         DECISIONS[memo] = kernel
         return kernel
     kernel = propose(gemm)
-    if kernel == "mkl" or CONFIRM_CALLS <= 0:
-        _decide(gemm, kernel)
+    if kernel == "mkl" or CONFIRM_CALLS <= 0 or not gemm.inference:
+        _decide(gemm, kernel)  # training: no trial (see `_Trial`)
         return kernel
     TRIALS[memo] = _Trial(kernel)
     return TRIALS[memo].next_kernel()
@@ -685,9 +689,9 @@ def bf16_in_fp32(device: torch.device, dtype: torch.dtype) -> bool:
 # --------------------------------------------------------------------------------------------
 # Sequences up to this length may attend through `bmm_attention`'s two batched GEMMs instead of
 # SDPA on CPUs without AMX, in fp32, and in bf16 where the CPU has bf16 units (0 turns it off; so
-# does an unknown CPU); real calls decide (`attention_kernel`). From 512 tokens on SDPA measured
-# faster on every CPU tried (docs/performance.md).
-BMM_ATTENTION_MAX_LENGTH = 0 if BF16_UNITS is None else 128
+# does an unknown CPU); in inference real calls decide (`attention_kernel`). Measured on bert-base
+# heads: faster up to 128 tokens with bf16 units, up to 96 without (docs/performance.md).
+BMM_ATTENTION_MAX_LENGTH = 0 if BF16_UNITS is None else 128 if BF16_UNITS else 96
 
 
 def stack_qkv(x: torch.Tensor) -> bool:
@@ -726,15 +730,16 @@ def attention_kernel(query: torch.Tensor) -> str:
 
     Where two batched GEMMs are a candidate (`use_bmm_attention`), the first real calls of each
     length bucket alternate between them and SDPA, `CONFIRM_CALLS` timed calls each (time per
-    sequence-head and squared length), and the GEMMs stay only if `MARGIN` faster (in training,
-    as measured on the forward). A rule per CPU kind had them win on one CPU and lose on another.
+    sequence-head and squared length), and the GEMMs stay only if `MARGIN` faster. A rule per CPU
+    kind had them win on one CPU and lose on another. In training the candidate is used (no trial:
+    see `_Trial`).
     """
     if not use_bmm_attention(query):
         return "sdpa"
     key = _attention_key(query)
     if key in ATTENTION_DECISIONS:
         return ATTENTION_DECISIONS[key]
-    if CONFIRM_CALLS <= 0:
+    if CONFIRM_CALLS <= 0 or torch.is_grad_enabled():  # training: no trial (see `_Trial`)
         return "bmm"
     return ATTENTION_TRIALS.setdefault(key, _Trial("bmm", baseline="sdpa")).next_kernel()
 

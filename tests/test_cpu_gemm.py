@@ -261,6 +261,16 @@ def test_a_confirmed_decision_is_what_the_disk_cache_keeps(monkeypatch, tmp_path
     assert json.loads(path.read_text()) == {gemm(rows=256, n=40, k=48).key(): "mkl"}
 
 
+@needs_onednn
+def test_training_decides_without_a_trial(monkeypatch):
+    """Alternating kernels in training would make the weights depend on when a trial ended: none there."""
+    monkeypatch.setattr(cpu_gemm, "CONFIRM_CALLS", 3)
+    favour(monkeypatch, "onednn")
+    layer, x = nn.Linear(48, 40), torch.randn(256, 48, requires_grad=True)
+    cpu_gemm.linear(x, layer).sum().backward()
+    assert cpu_gemm.TRIALS == {} and set(cpu_gemm.DECISIONS.values()) == {"onednn"}
+
+
 def test_a_trial_keeps_the_outputs_and_gradients_of_the_plain_call(monkeypatch):
     monkeypatch.setattr(cpu_gemm, "CONFIRM_CALLS", 2)
     favour(monkeypatch, "onednn" if cpu_gemm.ONEDNN else "fp32")
