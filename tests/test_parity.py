@@ -348,9 +348,12 @@ def _run_python(code: str, cwd) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=cwd, capture_output=True, text=True, timeout=300)
 
 
+# Bit-identical across processes is a property of the plain model: the CPU fast path picks kernels
+# by timing on each process's first calls, equal to the plain model within 1e-5 (test_cpu_kernels.py),
+# so a fresh process may sum in another order: this round trip saves and loads the plain model.
 def test_save_then_auto_load_in_a_fresh_process_gives_identical_outputs(tmp_path):
     torch.manual_seed(0)
-    model = ScratchBertForPreTraining(scratchbert.ScratchBertConfig(**SMALL)).eval()
+    model = ScratchBertForPreTraining(scratchbert.ScratchBertConfig(**SMALL, cpu_kernels=False)).eval()
     model.save_pretrained(tmp_path / "ckpt")
     batch = random_batch(SMALL["vocab_size"])
     torch.save(batch, tmp_path / "batch.pt")
@@ -374,7 +377,7 @@ def test_save_then_auto_load_in_a_fresh_process_gives_identical_outputs(tmp_path
 
 def test_remote_code_loads_where_scratchbert_is_not_importable(tmp_path):
     torch.manual_seed(0)
-    model = ScratchBertForMaskedLM(scratchbert.ScratchBertConfig(**SMALL)).eval()
+    model = ScratchBertForMaskedLM(scratchbert.ScratchBertConfig(**SMALL)).eval()  # the fast path on: its code travels too
     model.save_pretrained(tmp_path / "ckpt")
     batch = random_batch(SMALL["vocab_size"])
     torch.save(batch, tmp_path / "batch.pt")
@@ -401,7 +404,8 @@ def test_remote_code_loads_where_scratchbert_is_not_importable(tmp_path):
         tmp_path,
     )
     assert result.returncode == 0, result.stderr
-    assert torch.equal(torch.load(tmp_path / "out.pt"), expected)
+    # The fast path in both processes: equal within its stated tolerance (kernels are picked per process).
+    torch.testing.assert_close(torch.load(tmp_path / "out.pt"), expected, atol=1e-5, rtol=0)
 
 
 def test_export_to_transformers_bert_loads_with_no_missing_keys(tmp_path, rxnfp_dir):
