@@ -746,6 +746,8 @@ def attention_kernel(query: torch.Tensor) -> str:
 
 def record_attention(query: torch.Tensor, kernel: str, seconds: float) -> None:
     """Count one timed attention call toward its bucket's trial, if one is open."""
+    if not ATTENTION_TRIALS:  # the usual case once decided: no key to build on every call
+        return
     key = _attention_key(query)
     trial = ATTENTION_TRIALS.get(key)
     if trial is None:
