@@ -28,6 +28,10 @@ AUTO_MAP = {
     "AutoModelForQuestionAnswering": "modeling_scratchbert.ScratchBertForQuestionAnswering",
     "AutoModelForMultipleChoice": "modeling_scratchbert.ScratchBertForMultipleChoice",
 }
+# How `ScratchBertForSequenceClassification` makes one vector of a text: BERT's pooler on [CLS]
+# ("cls", what transformers' BertForSequenceClassification does) or the mean of the last layer
+# over the real tokens ("mean", as sentence-transformers and ModernBERT's `classifier_pooling`).
+CLASSIFIER_POOLINGS = ("cls", "mean")
 
 
 class ScratchBertConfig(PretrainedConfig):
@@ -49,6 +53,10 @@ class ScratchBertConfig(PretrainedConfig):
         pad_token_id: id of `[PAD]`; its embedding row gets no gradient.
         classifier_dropout: dropout before classification heads (defaults to
             `hidden_dropout_prob` when None).
+        classifier_pooling: what the sequence-classification head classifies: "cls", BERT's
+            pooler on the [CLS] vector, tanh(dense(h_[CLS])); or "mean", the average of the last
+            layer over the real (attention-masked) tokens, with no pooler weights. "mean" cannot
+            be exported as transformers' BertForSequenceClassification (ONNX export works).
         tie_word_embeddings: share the MLM decoder's weight with the word embeddings.
         cpu_kernels: run the CPU fast path (`cpu_kernels.py`: each matrix multiply on the kernel
             measured fastest here, attention and Q/K/V choices measured per CPU); False keeps
@@ -74,6 +82,7 @@ class ScratchBertConfig(PretrainedConfig):
         layer_norm_eps: float = 1e-12,
         pad_token_id: int = 0,
         classifier_dropout: float | None = None,
+        classifier_pooling: str = "cls",
         tie_word_embeddings: bool = True,
         cpu_kernels: bool = True,
         **kwargs,
@@ -91,6 +100,7 @@ class ScratchBertConfig(PretrainedConfig):
         self.initializer_range = initializer_range
         self.layer_norm_eps = layer_norm_eps
         self.classifier_dropout = classifier_dropout
+        self.classifier_pooling = classifier_pooling
         self.cpu_kernels = cpu_kernels
         # Keys of a transformers BERT config.json that describe decoder use (BERT as a
         # causal LM, cross-attention) or a KV cache. scratchbert is an encoder only, so
@@ -148,6 +158,11 @@ class ScratchBertConfig(PretrainedConfig):
                 raise ScratchBertError(f"{name}={value!r}: a dropout probability must be in [0, 1).")
         if self.classifier_dropout is not None and not 0.0 <= float(self.classifier_dropout) < 1.0:
             raise ScratchBertError(f"classifier_dropout={self.classifier_dropout!r}: it must be in [0, 1) or None.")
+        if self.classifier_pooling not in CLASSIFIER_POOLINGS:
+            raise ScratchBertError(
+                f"classifier_pooling={self.classifier_pooling!r}: use \"cls\" (BERT's pooler on the [CLS] vector) or "
+                "\"mean\" (the average of the last layer over the real tokens)."
+            )
         if self.hidden_act not in ACT2FN:
             known = ", ".join(sorted(k for k in ACT2FN if k.startswith(("gelu", "relu", "silu", "tanh"))))
             raise ScratchBertError(f"hidden_act={self.hidden_act!r} is not a known activation; use one of: {known}.")
@@ -163,4 +178,4 @@ def _divisor_hint(hidden_size: int, heads: int) -> int:
     return min(divisors, key=lambda d: abs(d - heads))
 
 
-__all__ = ["AUTO_MAP", "ScratchBertConfig"]
+__all__ = ["AUTO_MAP", "CLASSIFIER_POOLINGS", "ScratchBertConfig"]

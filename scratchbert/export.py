@@ -3,7 +3,8 @@
 scratchbert keeps transformers' BERT state-dict names, so the export only rewrites the
 configuration (`model_type "bert"`, `Bert*` architectures) and copies the weights; the
 result loads in `BertForPreTraining` / `BertModel` / `BertFor...` with no missing keys and
-needs no scratchbert at all.
+needs no scratchbert at all. A classifier that pools by the mean of its tokens
+(`classifier_pooling="mean"`) is refused: BERT's classifier reads the [CLS] vector.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from scratchbert.configuration_scratchbert import ScratchBertConfig
 from scratchbert.errors import ScratchBertError
 from scratchbert.weights import BIN_INDEX, SAFETENSORS_INDEX, check_weights, weight_files
 
-# Configuration keys that only scratchbert (or its remote-code loading) uses.
-_SCRATCHBERT_ONLY_KEYS = ("auto_map", "model_type", "architectures", "transformers_version")
+# Configuration keys that only scratchbert (or its remote-code loading) uses. BERT's heads always
+# pool on [CLS] ("cls" is what a BERT checkpoint means), and a "mean" classifier is refused.
+_SCRATCHBERT_ONLY_KEYS = ("auto_map", "model_type", "architectures", "transformers_version", "classifier_pooling")
 
 
 def export_to_transformers_bert(checkpoint_dir: str | Path, out_dir: str | Path) -> Path:
@@ -38,6 +40,7 @@ def export_to_transformers_bert(checkpoint_dir: str | Path, out_dir: str | Path)
         raise ScratchBertError("The export directory must differ from the checkpoint directory.")
 
     config = ScratchBertConfig.from_pretrained(src)
+    _check_bert_can_express(config, src)
     fields = {k: v for k, v in config.to_dict().items() if k not in _SCRATCHBERT_ONLY_KEYS}
     bert_config = BertConfig(**fields)
     bert_config.architectures = [name.replace("ScratchBert", "Bert") for name in (config.architectures or ["ScratchBertModel"])]
@@ -49,6 +52,19 @@ def export_to_transformers_bert(checkpoint_dir: str | Path, out_dir: str | Path)
     _export_tokenizer(src, out)
     _verify_export(out, names)
     return out
+
+
+def _check_bert_can_express(config: ScratchBertConfig, src: Path) -> None:
+    """Refuse a classifier that BERT's classes would load without error and then compute differently."""
+    architectures = config.architectures or []
+    if config.classifier_pooling == "mean" and any(name.endswith("ForSequenceClassification") for name in architectures):
+        raise ScratchBertError(
+            f"{src} is a sequence classifier with classifier_pooling='mean' (it classifies the mean of the last layer "
+            "over the real tokens), which transformers' BertForSequenceClassification cannot express: it classifies "
+            "the pooled [CLS] vector, so the export would load with an untrained pooler and give other answers. Export "
+            f"it with `scratchbert export-onnx {src} OUT --task sequence-classification`, load it with scratchbert "
+            "(AutoModelForSequenceClassification), or fine-tune with `--pooling cls` for a checkpoint that exports as BERT."
+        )
 
 
 def _verify_export(out: Path, names: list[str]) -> None:

@@ -3,7 +3,7 @@
 The file reads top to bottom in the order data flows through the model:
 
     token ids -> embeddings -> [ self-attention -> add & norm -> feed-forward -> add & norm ] x L
-              -> pooler ([CLS]) -> heads (MLM, NSP, classification, tagging, spans, choices)
+              -> pooler ([CLS], or the mean of real tokens) -> heads (MLM, NSP, classification, tagging, spans, choices)
 
 Notation used in shape comments:
     B  batch size              S  sequence length (padded)       H  hidden size
@@ -331,7 +331,7 @@ class ScratchBertEncoder(nn.Module):
 
 
 # ---------------------------------------------------------------------------------------------
-# 8. Pooler: one vector for the whole input, from the [CLS] position.
+# 8. Pooler: one vector for the whole input, from the [CLS] position (or the mean of the tokens).
 # ---------------------------------------------------------------------------------------------
 class ScratchBertPooler(nn.Module):
     """tanh(dense(h_[CLS])): the sequence summary that NSP and sentence classifiers read. (B, S, H) -> (B, H)."""
@@ -343,6 +343,20 @@ class ScratchBertPooler(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return self.activation(self.dense(hidden_states[:, 0]))  # [CLS] is always position 0
+
+
+def mean_pooling(hidden_states: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    """The average token vector of each sequence over its real tokens: (B, S, H), mask (B, S) -> (B, H).
+
+    The other sequence summary (`config.classifier_pooling = "mean"`): it needs no trained weights,
+    and every token's gradient reaches the encoder. Padded positions hold zeros on the
+    padding-free path and vectors on the padded one (and in exported graphs); the mask weighs
+    them out either way.
+    """
+    if attention_mask is None:
+        return hidden_states.mean(dim=1)  # every token real
+    weights = attention_mask.to(hidden_states.dtype).unsqueeze(-1)  # (B, S, 1)
+    return (hidden_states * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)  # (B, H); a fully padded row gives 0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -845,8 +859,10 @@ def classifier_dropout(config: ScratchBertConfig) -> nn.Dropout:
 
 
 class ScratchBertForSequenceClassification(ScratchBertPreTrainedModel):
-    """A linear classifier on the pooled [CLS] vector. logits (B, num_labels).
+    """A linear classifier on one vector per text. logits (B, num_labels).
 
+    The vector is BERT's pooled [CLS] vector, or with `config.classifier_pooling = "mean"` the
+    mean of the last layer over the real tokens (`mean_pooling`; the encoder then has no pooler).
     Regression, single-label or multi-label by `config.problem_type` (see
     `sequence_classification_loss`). The loss is a per-example mean, so under gradient
     accumulation `Trainer` divides it by the number of steps (`accepts_loss_kwargs = False`).
@@ -857,7 +873,7 @@ class ScratchBertForSequenceClassification(ScratchBertPreTrainedModel):
     def __init__(self, config: ScratchBertConfig):
         super().__init__(config)
         self.num_labels = config.num_labels
-        self.bert = ScratchBertModel(config)
+        self.bert = ScratchBertModel(config, add_pooling_layer=config.classifier_pooling == "cls")
         self.dropout = classifier_dropout(config)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
@@ -875,7 +891,11 @@ class ScratchBertForSequenceClassification(ScratchBertPreTrainedModel):
     ) -> SequenceClassifierOutput | tuple:
         """Inputs as in `ScratchBertModel.forward`; labels (B,) class ids or values, or (B, num_labels) multi-hot."""
         encoded = self.bert(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, return_dict=True, **kwargs)
-        logits = self.classifier(self.dropout(encoded.pooler_output))  # (B, num_labels)
+        if self.bert.pooler is not None:
+            pooled = encoded.pooler_output  # (B, H)
+        else:
+            pooled = mean_pooling(encoded.last_hidden_state, attention_mask)  # (B, H)
+        logits = self.classifier(self.dropout(pooled))  # (B, num_labels)
         loss = sequence_classification_loss(logits, labels, self.config) if labels is not None else None
         return SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=encoded.hidden_states, attentions=encoded.attentions)
 

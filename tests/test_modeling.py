@@ -21,8 +21,9 @@ from scratchbert import (
     ScratchBertForTokenClassification,
     ScratchBertModel,
 )
-from scratchbert.errors import CorruptCheckpointError
-from scratchbert.modeling_scratchbert import additive_attention_mask, eager_attention, sdpa_attention
+from scratchbert.errors import CorruptCheckpointError, ScratchBertError
+from scratchbert.export import export_to_transformers_bert
+from scratchbert.modeling_scratchbert import additive_attention_mask, eager_attention, mean_pooling, sdpa_attention
 from scratchbert import cpu_kernels
 from scratchbert.cpu_kernels import CpuSelfAttention
 
@@ -165,6 +166,53 @@ def test_sequence_classification_problem_types(num_labels, labels, problem_type,
     torch.testing.assert_close(out.loss, expected)
 
 
+def test_mean_pooling_classifier_reads_the_mean_of_the_real_tokens(batch):
+    torch.manual_seed(0)
+    model = ScratchBertForSequenceClassification(tiny_config(classifier_pooling="mean", num_labels=3)).eval()
+    assert model.bert.pooler is None and not any("pooler" in key for key in model.state_dict())
+    with torch.no_grad():
+        logits = model(**batch).logits  # (3, 3)
+        states = model.bert(**batch).last_hidden_state  # (3, S, H)
+        lengths = batch["attention_mask"].sum(1).tolist()  # 9, 6, 3
+        by_hand = torch.stack([states[i, :n].mean(0) for i, n in enumerate(lengths)])  # (3, H)
+        torch.testing.assert_close(logits, model.classifier(by_hand), atol=1e-6, rtol=0)
+        # the padded positions play no part: the 3-token row alone gives the same logits
+        alone = model(**{k: v[2:3, :3] for k, v in batch.items()}).logits
+        torch.testing.assert_close(alone, logits[2:3], atol=1e-5, rtol=0)
+        # and the padded path (vectors at padding) agrees with the padding-free one (zeros there)
+        model.bert.padding_free = False
+        torch.testing.assert_close(model(**batch).logits, logits, atol=1e-5, rtol=0)
+    empty = torch.zeros(1, 4, 2)
+    assert torch.equal(mean_pooling(empty, torch.zeros(1, 4, dtype=torch.long)), torch.zeros(1, 2))  # a fully padded row: 0, not NaN
+
+
+def test_classifier_pooling_round_trips_through_save_and_the_auto_class(tmp_path, batch):
+    from transformers import AutoModelForSequenceClassification
+
+    model = ScratchBertForSequenceClassification(tiny_config(classifier_pooling="mean")).eval()
+    model.save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["classifier_pooling"] == "mean"
+    loaded, info = AutoModelForSequenceClassification.from_pretrained(tmp_path, output_loading_info=True)
+    assert isinstance(loaded, ScratchBertForSequenceClassification) and loaded.config.classifier_pooling == "mean"
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.eval()(**batch).logits, model(**batch).logits, atol=0, rtol=0)
+    assert ScratchBertConfig().classifier_pooling == "cls"  # BERT's, by default
+
+
+def test_export_bert_refuses_a_mean_pooling_classifier_and_drops_the_key_otherwise(tmp_path):
+    ScratchBertForSequenceClassification(tiny_config(classifier_pooling="mean")).save_pretrained(tmp_path / "mean")
+    with pytest.raises(ScratchBertError, match=r"classifier_pooling='mean'.*BertForSequenceClassification cannot express.*export-onnx") as info:
+        export_to_transformers_bert(tmp_path / "mean", tmp_path / "bert-mean")
+    assert "\n" not in str(info.value) and not (tmp_path / "bert-mean").exists()
+    ScratchBertForSequenceClassification(tiny_config()).save_pretrained(tmp_path / "cls")
+    export_to_transformers_bert(tmp_path / "cls", tmp_path / "bert-cls")
+    assert "classifier_pooling" not in json.loads((tmp_path / "bert-cls" / "config.json").read_text())
+    # an encoder saved with the option is no classifier: it exports (BERT's heads pool [CLS] when fine-tuned)
+    ScratchBertForMaskedLM(tiny_config(classifier_pooling="mean")).save_pretrained(tmp_path / "mlm")
+    export_to_transformers_bert(tmp_path / "mlm", tmp_path / "bert-mlm")
+
+
 # --- attention: the written-out math and the fused kernel ---------------------------------------
 def test_eager_and_sdpa_attention_functions_agree_with_padding():
     gen = torch.Generator().manual_seed(1)
@@ -302,6 +350,7 @@ def test_bad_inputs_raise_clear_errors(change, message, batch):
         (dict(hidden_act="swishy"), r"hidden_act='swishy' is not a known activation"),
         (dict(hidden_dropout_prob=1.5), r"hidden_dropout_prob=1.5"),
         (dict(pad_token_id=500), r"pad_token_id=500 is outside the vocabulary"),
+        (dict(classifier_pooling="max"), r"classifier_pooling='max': use \"cls\" .* or \"mean\""),
     ],
 )
 def test_config_validates_itself(fields, message):

@@ -117,6 +117,22 @@ def test_sequence_classification_graph_gives_pytorchs_logits(tmp_path, dynamo):
     torch.testing.assert_close(got, expected, atol=TOLERANCE, rtol=0)
 
 
+@pytest.mark.parametrize("dynamo", HEAD_EXPORTERS)
+def test_a_mean_pooling_classifier_exports_and_averages_only_real_tokens(tmp_path, dynamo):
+    """The graph records the padded computation, whose padded positions hold vectors: the mean must weigh them out."""
+    ckpt = tiny_checkpoint(ScratchBertForSequenceClassification, tmp_path / "mean", num_labels=3, classifier_pooling="mean")
+    result = export_onnx(ckpt, tmp_path / "onnx", task="sequence-classification", dynamo=dynamo)
+    assert result.max_abs_diff <= TOLERANCE
+    batch = onnx_export.example_batch(99, lengths=(3, 10, 10, 6, 1, 9), seed=8)
+    model = ScratchBertForSequenceClassification.from_pretrained(ckpt).eval()
+    assert model.config.classifier_pooling == "mean"
+    got = run_onnx(result.path, batch)
+    with torch.no_grad():
+        torch.testing.assert_close(got, model(**batch).logits, atol=TOLERANCE, rtol=0)  # (B, 3)
+        alone = model(**{name: tensor[4:5, :1] for name, tensor in batch.items()}).logits  # the 1-token row unpadded
+    torch.testing.assert_close(got[4:5], alone, atol=TOLERANCE, rtol=0)
+
+
 # --- errors a user can meet ---------------------------------------------------------------------
 def test_truncated_or_missing_weights_give_one_line_errors(tmp_path):
     ckpt = tiny_checkpoint(ScratchBertModel, tmp_path / "ckpt")
