@@ -27,8 +27,9 @@ them for validation) and scored on `--test-samples` test examples, for every see
 
 An arm is "old" (the defaults before issue 26: 5e-5, 3 epochs), "new" (no options: the
 command's defaults) or options joined by commas (`lr=1e-3,min_steps=600`, `warmup=0`,
-`epochs=3`). The table gives test accuracy and macro-F1 (mean over seeds), how many seeds
-collapsed to one class, the optimizer steps and the peak learning rate used; with
+`epochs=3`, `pooling=mean`, `patience=2`). The table gives test accuracy and macro-F1 (mean over
+seeds), how many seeds collapsed to one class, the optimizer steps run (mean: early stopping
+cuts them short) and the peak learning rate used; with
 scikit-learn installed, TF-IDF + logistic regression on the same labels as a reference.
 """
 
@@ -153,18 +154,20 @@ def main(argv=None) -> None:
 # defaults: few labels, a small model, old against new fine-tuning defaults
 # ---------------------------------------------------------------------------------------------
 OLD_DEFAULTS = {"learning_rate": 5e-5, "epochs": 3.0}  # `scratchbert finetune` before issue 26 (BERT-base's)
-ARM_KEYS = {"lr": "learning_rate", "warmup": "warmup_ratio"}  # short names in an arm
+ARM_KEYS = {"lr": "learning_rate", "warmup": "warmup_ratio", "patience": "early_stopping_patience"}  # short names in an arm
+ARM_TYPES = {"min_steps": int, "early_stopping_patience": int, "pooling": str}  # the rest are numbers
 
 
 def arm_options(arm: str) -> dict:
-    """The `finetune` options of an arm: "old", "new", or "key=value,key=value"."""
+    """The `finetune` options of an arm: "old", "new", or "key=value,key=value"
+    (`lr=1e-3,min_steps=600`, `pooling=mean`, `patience=2`)."""
     if arm in ("old", "new"):
         return dict(OLD_DEFAULTS) if arm == "old" else {}
     options = {}
     for item in arm.split(","):
         key, _, value = item.partition("=")
         key = ARM_KEYS.get(key, key)
-        options[key] = int(value) if key == "min_steps" else float(value)
+        options[key] = ARM_TYPES.get(key, float)(value)
     return options
 
 
@@ -279,7 +282,8 @@ def defaults_main(argv: list[str]) -> None:
                     )  # fmt: skip
                     record = {
                         "init": init, "arm": arm, "seed": seed, "accuracy": run["test"]["accuracy"], "macro_f1": run["test"]["macro_f1"],
-                        "collapsed": run["collapsed"] is not None, "steps": run["schedule"]["optimizer_steps"],
+                        "collapsed": run["collapsed"] is not None, "steps": run["early_stopping"]["optimizer_steps_run"],
+                        "planned_steps": run["schedule"]["optimizer_steps"], "pooling": run["pooling"],
                         "learning_rate": run["schedule"]["learning_rate"], "seconds": time.perf_counter() - start,
                     }  # fmt: skip
                     records.append(record)
@@ -293,7 +297,7 @@ def defaults_main(argv: list[str]) -> None:
             accuracy, f1 = (statistics.mean(r[key] for r in rows) for key in ("accuracy", "macro_f1"))
             print(
                 f"{init:<12}{arm:<22}{accuracy:>10.4f}{f1:>10.4f}{sum(r['collapsed'] for r in rows):>7} of {len(rows)}"
-                f"{rows[0]['steps']:>7}{rows[0]['learning_rate']:>9.0e}{statistics.mean(r['seconds'] for r in rows):>7.0f}"
+                f"{statistics.mean(r['steps'] for r in rows):>7.0f}{rows[0]['learning_rate']:>9.0e}{statistics.mean(r['seconds'] for r in rows):>7.0f}"
             )
     tfidf = tfidf_scores(train, test)
     if tfidf is not None:

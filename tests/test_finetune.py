@@ -39,12 +39,15 @@ import scratchbert.commands
 from scratchbert.tokenization import tokenizer_from_vocab
 from scratchbert.training.finetune import (
     COLLAPSE_ADVICE,
+    DEFAULT_EARLY_STOPPING_PATIENCE,
     DEFAULT_EPOCHS,
     DEFAULT_MIN_STEPS,
+    DEFAULT_POOLING,
     FinetuneConfig,
     checkpoint_head_size,
     checkpoint_label_order,
     classification_metrics,
+    classifier_pooling_of,
     collapse_of,
     default_learning_rate,
     encode_labels,
@@ -449,6 +452,83 @@ def test_without_epochs_training_takes_at_least_min_steps(tmp_path, capsys, cli_
     assert results["schedule"]["epochs"] == 5 and results["schedule"]["optimizer_steps"] == 20
     assert results["schedule"]["learning_rate"] == default_learning_rate(TINY["hidden_size"])
     assert results["train"]["epoch"] == 5 and len([e for e in results["log_history"] if "eval_accuracy" in e]) == 5
+
+
+# --------------------------------------------------------------------------- early stopping and pooling
+
+
+def test_early_stopping_and_pooling_options_are_parsed_and_flags_win(tmp_path):
+    from scratchbert.commands import build_parser
+    from scratchbert.training.config_file import read_config_file, resolve_args
+
+    default = FinetuneConfig("ckpt", output_dir="out")
+    assert (default.early_stopping_patience, default.pooling) == (DEFAULT_EARLY_STOPPING_PATIENCE, None)
+    path = tmp_path / "finetune.yaml"
+    path.write_text("early_stopping_patience: 3\npooling: mean\n")
+    args = build_parser().parse_args(["finetune", "ckpt", "--output-dir", "out", "--config", str(path), "--early-stopping-patience", "0"])
+    config, sources = resolve_args(args, FinetuneConfig)
+    assert (config.early_stopping_patience, config.pooling) == (0, "mean")  # the flag wins over the file
+    assert (sources["early_stopping_patience"], sources["pooling"]) == ("flag", "file")
+    args = build_parser().parse_args(["finetune", "ckpt", "--output-dir", "out", "--early-stopping-patience", "2", "--pooling", "cls"])
+    assert (args.early_stopping_patience, args.pooling) == (2, "cls")
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["finetune", "ckpt", "--output-dir", "out", "--pooling", "max"])
+    with pytest.raises(ValueError, match=r"early_stopping_patience=-1: .*--early-stopping-patience"):
+        FinetuneConfig("ckpt", output_dir="out", early_stopping_patience=-1)
+    with pytest.raises(ValueError, match=r"pooling must be one of cls, mean, got 'max'"):
+        FinetuneConfig.resolve(read_config_file(path), {"checkpoint": "ckpt", "output_dir": "out", "pooling": "max"})
+
+
+def test_early_stopping_stops_on_a_plateau_and_keeps_the_best_epoch(tmp_path, capsys, cli_main, one_class_checkpoint):
+    """At a learning rate of 1e-7 the validation score never improves after epoch 1: patience 2 stops after epoch 3."""
+    train = write_csv(tmp_path / "train.csv", sentiment_rows(32, seed=15))  # 2 steps of 16 an epoch
+    validation = write_csv(tmp_path / "validation.csv", sentiment_rows(32, seed=16))
+    argv = ["--train-file", train, "--validation-file", validation, "--epochs", "6", "--learning-rate", "1e-7", "--no-show-progress"]
+    code, err = run_cli(cli_main, capsys, one_class_checkpoint, *argv, "--output-dir", tmp_path / "stopped", "--early-stopping-patience", "2")
+    assert code == 0, err
+    results = json.loads((tmp_path / "stopped" / "metrics.json").read_text())
+    assert results["early_stopping"] == {"patience": 2, "stopped_early": True, "epochs_run": 3.0, "optimizer_steps_run": 6}
+    epochs = [entry for entry in results["log_history"] if "eval_macro_f1" in entry]
+    assert len(epochs) == 3 and results["validation"]["epoch"] == 1.0  # the best (first) epoch is the one kept
+    assert results["schedule"]["epochs"] == 6 and results["schedule"]["optimizer_steps"] == 12  # what was planned
+    # 0 switches it off: every epoch runs
+    code, err = run_cli(cli_main, capsys, one_class_checkpoint, *argv, "--output-dir", tmp_path / "all", "--early-stopping-patience", "0")
+    assert code == 0, err
+    results = json.loads((tmp_path / "all" / "metrics.json").read_text())
+    assert results["early_stopping"] == {"patience": None, "stopped_early": False, "epochs_run": 6.0, "optimizer_steps_run": 12}
+
+
+def test_pooling_comes_from_the_flag_a_trained_head_or_the_default(tmp_path, one_class_checkpoint, scratch_checkpoint, three_label_checkpoint):
+    assert classifier_pooling_of(scratch_checkpoint) == (DEFAULT_POOLING, "default")  # no head yet
+    assert classifier_pooling_of(scratch_checkpoint, "mean") == ("mean", "given")
+    assert classifier_pooling_of(one_class_checkpoint) == ("cls", "the checkpoint's head")
+    with pytest.raises(ValueError, match=r"head trained on 'cls' pooling; it cannot read 'mean' pooling\. Pass --reinit-head"):
+        classifier_pooling_of(one_class_checkpoint, "mean")
+    assert classifier_pooling_of(one_class_checkpoint, "mean", reinit_head=True) == ("mean", "given")
+    assert classifier_pooling_of(three_label_checkpoint) == ("cls", "the checkpoint's head")  # a transformers BERT head
+    mean_head = tmp_path / "mean_head"
+    ScratchBertForSequenceClassification(tiny_config(num_labels=2, classifier_pooling="mean")).save_pretrained(mean_head)
+    assert classifier_pooling_of(mean_head) == ("mean", "the checkpoint's head")
+    model = load_sequence_classifier(scratch_checkpoint, ["neg", "pos"], pooling="mean")
+    assert model.config.classifier_pooling == "mean" and model.bert.pooler is None
+    with pytest.raises(ValueError, match="pooling='mean' needs scratchbert's classifier: BertForSequenceClassification pools"):
+        load_sequence_classifier(scratch_checkpoint, ["neg", "pos"], pooling="mean", model_class=BertForSequenceClassification)
+
+
+def test_finetune_with_mean_pooling_learns_and_saves_it(tmp_path, capsys, cli_main, scratch_checkpoint):
+    train = write_csv(tmp_path / "train.csv", sentiment_rows(192, seed=1))
+    validation = write_csv(tmp_path / "validation.csv", sentiment_rows(64, seed=2))
+    out = tmp_path / "out"
+    code, err = run_cli(
+        cli_main, capsys, scratch_checkpoint, "--train-file", train, "--validation-file", validation, "--output-dir", out,
+        "--epochs", "6", "--learning-rate", "3e-3", "--pooling", "mean", "--no-show-progress",
+    )  # fmt: skip
+    assert code == 0, err
+    results = json.loads((out / "metrics.json").read_text())
+    assert results["pooling"] == "mean" and results["validation"]["accuracy"] > 0.9  # the keyword task, chance 0.5
+    model = AutoModelForSequenceClassification.from_pretrained(out)
+    assert isinstance(model, ScratchBertForSequenceClassification) and model.config.classifier_pooling == "mean"
+    assert model.bert.pooler is None
 
 
 # --------------------------------------------------------------------------- token classification and QA

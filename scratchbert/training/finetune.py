@@ -38,9 +38,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from scratchbert.configuration_scratchbert import CLASSIFIER_POOLINGS
 from scratchbert.errors import ScratchBertError
 from scratchbert.ingestion import load_named_dataset, load_table
-from scratchbert.modeling_scratchbert import IGNORE_INDEX
+from scratchbert.modeling_scratchbert import IGNORE_INDEX, ScratchBertPreTrainedModel
 from scratchbert.tokenization import load_tokenizer
 from scratchbert.training.config_file import ConfigFile
 from scratchbert.weights import check_weights, model_folder, read_model_config, tensor_shape
@@ -69,6 +70,11 @@ DOCS = "docs/finetuning.md"  # what was measured, and why the defaults are what 
 LEARNING_RATES_BY_WIDTH = ((128, 1e-3), (256, 3e-4), (512, 1e-4), (math.inf, 5e-5))
 DEFAULT_EPOCHS = 3  # BERT's; with few labels, epochs are added until there are `min_steps` optimizer steps
 DEFAULT_MIN_STEPS = 300
+# What a new classification head reads when --pooling is not given ("cls": BERT's pooler; a
+# checkpoint's own head keeps its pooling), and evaluations without a better `best_metric`
+# before training stops (None: every epoch runs). Both measured in DOCS.
+DEFAULT_POOLING = "cls"
+DEFAULT_EARLY_STOPPING_PATIENCE = None
 # A classifier that gives this share (or more) of the examples one class, where the labels are
 # more spread than that, has learned the class balance instead of the task: it is reported.
 COLLAPSE_SHARE = 0.95
@@ -326,7 +332,30 @@ def checkpoint_label_order(checkpoint: str | Path, label_names: Sequence[str], r
     return list(label_names)
 
 
-def load_sequence_classifier(checkpoint: str | Path, label_names: Sequence[str], reinit_head: bool = False, model_class=None):
+def classifier_pooling_of(checkpoint: str | Path, pooling: str | None = None, reinit_head: bool = False) -> tuple[str, str]:
+    """The pooling the classifier will read (`ScratchBertConfig.classifier_pooling`), and why.
+
+    Given (`pooling`), it is used; else a checkpoint's own classification head keeps the pooling
+    it was trained with, and a new head gets `DEFAULT_POOLING`. A trained head is refused another
+    pooling unless `reinit_head`: its weights were fitted to the other vector.
+    """
+    head_pooling = read_model_config(checkpoint).get("classifier_pooling", "cls")
+    has_head = checkpoint_head_size(checkpoint) is not None and not reinit_head
+    if pooling is None:
+        return (head_pooling, "the checkpoint's head") if has_head else (DEFAULT_POOLING, "default")
+    if pooling not in CLASSIFIER_POOLINGS:
+        raise ScratchBertError(f"pooling={pooling!r}: choose one of {', '.join(CLASSIFIER_POOLINGS)} (--pooling).")
+    if has_head and pooling != head_pooling:
+        raise ScratchBertError(
+            f"the checkpoint {checkpoint} has a classification head trained on {head_pooling!r} pooling; it cannot read "
+            f"{pooling!r} pooling. Pass --reinit-head to train a new head, or drop --pooling to keep {head_pooling!r}."
+        )
+    return pooling, "given"
+
+
+def load_sequence_classifier(
+    checkpoint: str | Path, label_names: Sequence[str], reinit_head: bool = False, model_class=None, pooling: str | None = None
+):
     """Load `checkpoint` as a classifier over `label_names` (id order), with `id2label`/`label2id` set.
 
     A checkpoint without a classification head (a pretrained encoder) gets a fresh one. A
@@ -337,6 +366,8 @@ def load_sequence_classifier(checkpoint: str | Path, label_names: Sequence[str],
     Args:
         model_class: the class to load into; `ScratchBertForSequenceClassification` by
             default (transformers' `BertForSequenceClassification` works the same way).
+        pooling: "cls" or "mean" (`classifier_pooling_of`: None keeps a trained head's, else
+            `DEFAULT_POOLING`); transformers' BERT classes pool [CLS] only.
     """
     if model_class is None:
         from scratchbert import ScratchBertForSequenceClassification as model_class
@@ -349,6 +380,13 @@ def load_sequence_classifier(checkpoint: str | Path, label_names: Sequence[str],
             f"{num_labels} ({', '.join(label_names)}). Pass --reinit-head (reinit_head=True) to train a new head "
             "for these labels, or use data with the checkpoint's labels."
         )
+    pooling, chosen_by = classifier_pooling_of(folder, pooling, reinit_head)
+    options = {}
+    if issubclass(model_class, ScratchBertPreTrainedModel):
+        options["classifier_pooling"] = pooling
+    elif pooling != "cls":
+        raise ScratchBertError(f"pooling={pooling!r} needs scratchbert's classifier: {model_class.__name__} pools the [CLS] vector only.")
+    logger.info("the classifier reads %s (%s)", "BERT's pooled [CLS] vector" if pooling == "cls" else "the mean of the real tokens", chosen_by)
     id2label = dict(enumerate(label_names))
     model = model_class.from_pretrained(
         str(folder),
@@ -356,6 +394,7 @@ def load_sequence_classifier(checkpoint: str | Path, label_names: Sequence[str],
         id2label=id2label,
         label2id={name: i for i, name in id2label.items()},
         ignore_mismatched_sizes=reinit_head,  # only reached with a mismatch when the user asked for a new head
+        **options,
     )
     if reinit_head and head_size == num_labels:
         # the loaded head had the right size, so from_pretrained kept it; start it afresh as asked
@@ -526,6 +565,14 @@ class FinetuneConfig(ConfigFile):
     weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay"})
     warmup_ratio: float = field(default=0.1, metadata={"help": "fraction of steps with a linear warmup"})
     best_metric: str = field(default="macro_f1", metadata={"choices": METRICS, "help": "picks the epoch that is kept"})
+    early_stopping_patience: int | None = field(
+        default=DEFAULT_EARLY_STOPPING_PATIENCE,
+        metadata={"help": f"stop after this many epochs' evaluations without a better --best-metric; 0: train every epoch (default: {DEFAULT_EARLY_STOPPING_PATIENCE or 'off'}, {DOCS})"},
+    )  # fmt: skip
+    pooling: str | None = field(
+        default=None,
+        metadata={"choices": CLASSIFIER_POOLINGS, "help": f"what the classifier reads: BERT's pooler on [CLS], or the mean of the last layer over the real tokens (default: a trained head's own, else {DEFAULT_POOLING}; mean cannot be exported with export-bert)"},
+    )  # fmt: skip
     reinit_head: bool = field(default=False, metadata={"help": "train a new head even if the checkpoint has one"})
     seed: int = field(default=42, metadata={"help": "seed of the new head, the data order and dropout"})
     logging_steps: int = field(default=50, metadata={"help": "log the training loss every N steps"})
@@ -554,6 +601,11 @@ class FinetuneConfig(ConfigFile):
             raise ScratchBertError(f"min_steps={self.min_steps!r}: it must be a whole number, 0 or more (--min-steps).")
         if self.best_metric not in METRICS:
             raise ScratchBertError(f"best_metric must be one of {', '.join(METRICS)}, got {self.best_metric!r}.")
+        patience = self.early_stopping_patience
+        if patience is not None and (isinstance(patience, bool) or not isinstance(patience, int) or patience < 0):
+            raise ScratchBertError(f"early_stopping_patience={patience!r}: it must be a whole number of evaluations, 0 (off) or more (--early-stopping-patience).")
+        if self.pooling is not None and self.pooling not in CLASSIFIER_POOLINGS:
+            raise ScratchBertError(f"pooling must be one of {', '.join(CLASSIFIER_POOLINGS)}, got {self.pooling!r} (--pooling).")
         if self.truncation not in TRUNCATIONS:
             raise ScratchBertError(f"truncation must be one of {', '.join(TRUNCATIONS)}, got {self.truncation!r}.")
         if not 0.0 <= self.warmup_ratio < 1.0 or self.weight_decay < 0:
@@ -641,6 +693,21 @@ def report_collapse(trainer, outputs: dict, label_names: Sequence[str]) -> dict 
     return collapsed
 
 
+def early_stopping_record(trainer, stopper, schedule: dict) -> dict:
+    """What early stopping (`stopper`, an `EarlyStoppingCallback`, or None when off) did:
+    {"patience", "stopped_early", "epochs_run", "optimizer_steps_run"}; a stop is logged."""
+    patience = stopper.early_stopping_patience if stopper is not None else None
+    stopped = stopper is not None and stopper.early_stopping_patience_counter >= patience
+    record = {"patience": patience, "stopped_early": stopped, "epochs_run": trainer.state.epoch, "optimizer_steps_run": trainer.state.global_step}
+    if stopped:
+        logger.info(
+            "early stopping: %d evaluations without a better validation %s; stopped after %g of %g epochs (%d of %d steps)",
+            patience, trainer.args.metric_for_best_model, trainer.state.epoch, schedule["epochs"], trainer.state.global_step,
+            schedule["optimizer_steps"],
+        )  # fmt: skip
+    return record
+
+
 def finetune_text_classification(checkpoint: str | Path, output_dir: str | Path, *, model_class=None, **options) -> dict[str, Any]:
     """Fine-tune `checkpoint` as a text (or text-pair) classifier and save it to `output_dir`.
 
@@ -656,17 +723,19 @@ def finetune(config: FinetuneConfig, model_class=None) -> dict[str, Any]:
 
     Learning rate and epochs not given are fitted to the model's width and the number of
     training examples (`fitted_schedule`). Evaluates accuracy and macro-F1 on the validation
-    split after every epoch, reloads the epoch with the best `best_metric` at the end,
+    split after every epoch (stopping after `early_stopping_patience` evaluations without a
+    better `best_metric`, when set), reloads the epoch with the best `best_metric` at the end,
     optionally scores a test split with it, reports a classifier that gives (nearly) every
     example one class (`report_collapse`), and saves model (with `id2label`/`label2id`),
     tokenizer and `metrics.json`. Epoch checkpoints go to `output_dir/checkpoints`.
 
     Returns:
         {"labels": [...], "schedule": {...}, "validation": {...}, "test": {...} (when a test
-         split is given), "train": {...}, "collapsed": None or {split: {...}, "advice": ...}}
+         split is given), "train": {...}, "pooling": "cls" or "mean", "early_stopping": {...}
+         (`early_stopping_record`), "collapsed": None or {split: {...}, "advice": ...}}
         with metrics named without Trainer's "eval_" prefix.
     """
-    from transformers import TrainingArguments, set_seed
+    from transformers import EarlyStoppingCallback, TrainingArguments, set_seed
 
     checkpoint, max_length = config.checkpoint, config.max_length
     check_weights(checkpoint)  # a missing, truncated or corrupt weight file fails here, in one line
@@ -698,7 +767,7 @@ def finetune(config: FinetuneConfig, model_class=None) -> dict[str, Any]:
     )  # fmt: skip
 
     set_seed(config.seed)  # the new head's initialisation and the data order
-    model = load_sequence_classifier(checkpoint, label_names, reinit_head=config.reinit_head, model_class=model_class)
+    model = load_sequence_classifier(checkpoint, label_names, reinit_head=config.reinit_head, model_class=model_class, pooling=config.pooling)
     args = TrainingArguments(
         output_dir=str(output_dir / "checkpoints"),
         num_train_epochs=schedule["epochs"],
@@ -720,9 +789,12 @@ def finetune(config: FinetuneConfig, model_class=None) -> dict[str, Any]:
         report_to="none",
         disable_tqdm=not config.show_progress,
     )
+    # Early stopping reads the same per-epoch evaluation that picks the kept epoch (and the best one is still reloaded).
+    stopper = EarlyStoppingCallback(early_stopping_patience=config.early_stopping_patience) if config.early_stopping_patience else None
     trainer = make_trainer(
-        model, tokenizer, args, splits["train"], splits["validation"], compute_metrics=sequence_classification_metrics
-    )
+        model, tokenizer, args, splits["train"], splits["validation"], compute_metrics=sequence_classification_metrics,
+        callbacks=[stopper] if stopper else None,
+    )  # fmt: skip
     train_output = trainer.train()
 
     def unprefixed(metrics: dict, prefix: str) -> dict:
@@ -736,6 +808,8 @@ def finetune(config: FinetuneConfig, model_class=None) -> dict[str, Any]:
         "train": unprefixed(train_output.metrics, "train_"),
         "validation": unprefixed(best_epoch, "eval_"),
         "best_checkpoint": trainer.state.best_model_checkpoint,
+        "pooling": getattr(model.config, "classifier_pooling", "cls"),
+        "early_stopping": early_stopping_record(trainer, stopper, schedule),
     }
     # The kept model's predictions, to check them for a one-class answer (the test split's scores come with them).
     outputs = {"validation": trainer.predict(splits["validation"], metric_key_prefix="eval")}
