@@ -365,6 +365,23 @@ def test_tokens_and_packed_blocks_do_not_depend_on_the_number_of_processes(bert_
     assert [example["input_ids"] for example in streamed] == packed[1]["input_ids"]
 
 
+def test_whole_documents_tokenize_to_their_sentences_run_together(bert_tokenizer, shared_data):
+    """Packing tokenizes documents whole (no sentence splitter): on real text that is exactly the
+    sentences' ids run together, and the Rust call gives transformers' own ids."""
+    import gzip
+    import json
+
+    with gzip.open(shared_data / "imdb" / "test.jsonl.gz", "rt", encoding="utf-8") as handle:
+        reviews = [json.loads(line)["text"] for _, line in zip(range(300), handle)]
+    documents = reviews + default_corpus_documents() + ["", "   ", "Ünïcödé — “quoted”… e.g. U.S. 3.14"]
+    whole = tokenize_documents(documents, bert_tokenizer, sentences=False)["sentences"]
+    split = tokenize_documents(documents, bert_tokenizer)["sentences"]
+    assert [[i for ids in doc for i in ids] for doc in whole] == [[i for ids in doc for i in ids] for doc in split]
+    assert all(len(doc) <= 1 for doc in whole) and whole[-3] == whole[-2] == []
+    expected = bert_tokenizer(documents[:50], add_special_tokens=False)["input_ids"]
+    assert [doc[0] if doc else [] for doc in whole[:50]] == expected
+
+
 # -- progress bars -------------------------------------------------------------------
 
 
@@ -420,9 +437,9 @@ def test_with_bars_on_each_stage_draws_one_bar_with_its_rate(many_documents_file
     bars = finished_bars(capfd.readouterr().err)
     assert [bar.split(":")[0] for bar in bars] == [
         "Generating train split",
-        "Splitting and tokenizing (num_proc=2)",  # the training split, 2,160 documents: two processes, one bar
+        "Tokenizing (num_proc=2)",  # packing needs no sentence splitter; the training split, 2,160 documents: two processes, one bar
         "Packing text into blocks (num_proc=2)",
-        "Splitting and tokenizing",  # the held-out split, 240 documents: one process
+        "Tokenizing",  # the held-out split, 240 documents: one process
         "Packing text into blocks",
     ]
     assert all("examples/s" in bar for bar in bars) and all("100%" in bar for bar in bars[1:])  # reading has no total
@@ -611,9 +628,9 @@ def test_prepared_data_is_reused_and_rebuilt_when_the_corpus_or_tokenizer_change
     tokenized = []  # the documents each preparation tokenized
     tokenize = data_module._tokenize_batch
 
-    def counting(batch, tokenizer):
+    def counting(batch, tokenizer, sentences=True):
         tokenized.extend(batch["text"])
-        return tokenize(batch, tokenizer)
+        return tokenize(batch, tokenizer, sentences)
 
     monkeypatch.setattr(data_module, "_tokenize_batch", counting)
     documents = [" ".join(document.split()) for document in default_corpus_documents()[:30]]

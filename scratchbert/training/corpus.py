@@ -167,7 +167,8 @@ def _build_datasets(config: PretrainConfig, tokenizer, train_docs, eval_docs):
         ("training", train_docs, config.dupe_factor if config.packing == "sentence-pairs" else 1, config.seed),
         ("held-out", eval_docs, 1, config.seed + 10_000),  # a seed no training copy uses
     ):
-        tokenized = tokenize_documents(docs, tokenizer, num_proc=config.num_proc)
+        # Packing runs a document's sentences together: it needs no sentence splitter.
+        tokenized = tokenize_documents(docs, tokenizer, num_proc=config.num_proc, sentences=config.packing != "full-sentences")
         try:
             dataset = datasets.concatenate_datasets([examples(tokenized, seed + copy) for copy in range(copies)])
         except ValueError as err:
