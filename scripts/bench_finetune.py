@@ -124,6 +124,7 @@ def main(argv=None) -> None:
                 seed=args.seed,
                 logging_steps=20,
                 overwrite=True,
+                pooling="cls",  # the same head on both sides: transformers' BERT pools [CLS] only
                 model_class=MODEL_CLASSES[name],
             )
             seconds = time.perf_counter() - start

@@ -42,7 +42,6 @@ from scratchbert.training.finetune import (
     DEFAULT_EARLY_STOPPING_PATIENCE,
     DEFAULT_EPOCHS,
     DEFAULT_MIN_STEPS,
-    DEFAULT_POOLING,
     FinetuneConfig,
     checkpoint_head_size,
     checkpoint_label_order,
@@ -50,6 +49,7 @@ from scratchbert.training.finetune import (
     classifier_pooling_of,
     collapse_of,
     default_learning_rate,
+    default_pooling,
     encode_labels,
     fitted_schedule,
     label_names_of,
@@ -499,7 +499,9 @@ def test_early_stopping_stops_on_a_plateau_and_keeps_the_best_epoch(tmp_path, ca
 
 
 def test_pooling_comes_from_the_flag_a_trained_head_or_the_default(tmp_path, one_class_checkpoint, scratch_checkpoint, three_label_checkpoint):
-    assert classifier_pooling_of(scratch_checkpoint) == (DEFAULT_POOLING, "default")  # no head yet
+    assert default_pooling(32) == default_pooling(128) == "mean"  # tiny: measured (docs/finetuning.md)
+    assert default_pooling(256) == default_pooling(768) == "cls"  # wider: BERT's pooler on [CLS]
+    assert classifier_pooling_of(scratch_checkpoint) == ("mean", "default for hidden size 32")  # no head yet
     assert classifier_pooling_of(scratch_checkpoint, "mean") == ("mean", "given")
     assert classifier_pooling_of(one_class_checkpoint) == ("cls", "the checkpoint's head")
     with pytest.raises(ValueError, match=r"head trained on 'cls' pooling; it cannot read 'mean' pooling\. Pass --reinit-head"):
@@ -513,6 +515,9 @@ def test_pooling_comes_from_the_flag_a_trained_head_or_the_default(tmp_path, one
     assert model.config.classifier_pooling == "mean" and model.bert.pooler is None
     with pytest.raises(ValueError, match="pooling='mean' needs scratchbert's classifier: BertForSequenceClassification pools"):
         load_sequence_classifier(scratch_checkpoint, ["neg", "pos"], pooling="mean", model_class=BertForSequenceClassification)
+    bert = load_sequence_classifier(scratch_checkpoint, ["neg", "pos"], model_class=BertForSequenceClassification)  # [CLS], its only pooling
+    assert isinstance(bert, BertForSequenceClassification) and bert.bert.pooler is not None
+    assert load_sequence_classifier(scratch_checkpoint, ["neg", "pos"], pooling="cls").bert.pooler is not None
 
 
 def test_finetune_with_mean_pooling_learns_and_saves_it(tmp_path, capsys, cli_main, scratch_checkpoint):

@@ -70,10 +70,13 @@ DOCS = "docs/finetuning.md"  # what was measured, and why the defaults are what 
 LEARNING_RATES_BY_WIDTH = ((128, 1e-3), (256, 3e-4), (512, 1e-4), (math.inf, 5e-5))
 DEFAULT_EPOCHS = 3  # BERT's; with few labels, epochs are added until there are `min_steps` optimizer steps
 DEFAULT_MIN_STEPS = 300
-# What a new classification head reads when --pooling is not given ("cls": BERT's pooler; a
-# checkpoint's own head keeps its pooling), and evaluations without a better `best_metric`
-# before training stops (None: every epoch runs). Both measured in DOCS.
-DEFAULT_POOLING = "cls"
+# What a new classification head reads when --pooling is not given, by hidden size H, as (largest
+# H, pooling): the mean of the real tokens measured above BERT's pooler on [CLS] for `tiny`
+# (the [CLS] head collapsed where the mean did not); wider encoders keep BERT's [CLS]. A
+# checkpoint's trained head keeps the pooling it was trained with.
+POOLING_BY_WIDTH = ((128, "mean"), (math.inf, "cls"))
+# Evaluations without a better `best_metric` before training stops; None: every epoch runs
+# (patience 2 stopped small models on the one-class plateau of their first epochs, DOCS).
 DEFAULT_EARLY_STOPPING_PATIENCE = None
 # A classifier that gives this share (or more) of the examples one class, where the labels are
 # more spread than that, has learned the class balance instead of the task: it is reported.
@@ -332,17 +335,26 @@ def checkpoint_label_order(checkpoint: str | Path, label_names: Sequence[str], r
     return list(label_names)
 
 
+def default_pooling(hidden_size: int) -> str:
+    """What a new classification head reads for an encoder of width `hidden_size` (`POOLING_BY_WIDTH`)."""
+    return next(pooling for width, pooling in POOLING_BY_WIDTH if hidden_size <= width)
+
+
 def classifier_pooling_of(checkpoint: str | Path, pooling: str | None = None, reinit_head: bool = False) -> tuple[str, str]:
     """The pooling the classifier will read (`ScratchBertConfig.classifier_pooling`), and why.
 
     Given (`pooling`), it is used; else a checkpoint's own classification head keeps the pooling
-    it was trained with, and a new head gets `DEFAULT_POOLING`. A trained head is refused another
-    pooling unless `reinit_head`: its weights were fitted to the other vector.
+    it was trained with, and a new head gets `default_pooling` of the encoder's width. A trained
+    head is refused another pooling unless `reinit_head`: its weights were fitted to the other vector.
     """
-    head_pooling = read_model_config(checkpoint).get("classifier_pooling", "cls")
+    model_config = read_model_config(checkpoint)
+    head_pooling = model_config.get("classifier_pooling", "cls")
     has_head = checkpoint_head_size(checkpoint) is not None and not reinit_head
     if pooling is None:
-        return (head_pooling, "the checkpoint's head") if has_head else (DEFAULT_POOLING, "default")
+        if has_head:
+            return head_pooling, "the checkpoint's head"
+        hidden_size = model_config.get("hidden_size", 768)
+        return default_pooling(hidden_size), f"default for hidden size {hidden_size}"
     if pooling not in CLASSIFIER_POOLINGS:
         raise ScratchBertError(f"pooling={pooling!r}: choose one of {', '.join(CLASSIFIER_POOLINGS)} (--pooling).")
     if has_head and pooling != head_pooling:
@@ -367,7 +379,7 @@ def load_sequence_classifier(
         model_class: the class to load into; `ScratchBertForSequenceClassification` by
             default (transformers' `BertForSequenceClassification` works the same way).
         pooling: "cls" or "mean" (`classifier_pooling_of`: None keeps a trained head's, else
-            `DEFAULT_POOLING`); transformers' BERT classes pool [CLS] only.
+            the default for the encoder's width); transformers' BERT classes pool [CLS] only.
     """
     if model_class is None:
         from scratchbert import ScratchBertForSequenceClassification as model_class
@@ -380,11 +392,13 @@ def load_sequence_classifier(
             f"{num_labels} ({', '.join(label_names)}). Pass --reinit-head (reinit_head=True) to train a new head "
             "for these labels, or use data with the checkpoint's labels."
         )
-    pooling, chosen_by = classifier_pooling_of(folder, pooling, reinit_head)
     options = {}
     if issubclass(model_class, ScratchBertPreTrainedModel):
+        pooling, chosen_by = classifier_pooling_of(folder, pooling, reinit_head)
         options["classifier_pooling"] = pooling
-    elif pooling != "cls":
+    elif pooling in (None, "cls"):
+        pooling, chosen_by = "cls", f"{model_class.__name__}'s only pooling"
+    else:
         raise ScratchBertError(f"pooling={pooling!r} needs scratchbert's classifier: {model_class.__name__} pools the [CLS] vector only.")
     logger.info("the classifier reads %s (%s)", "BERT's pooled [CLS] vector" if pooling == "cls" else "the mean of the real tokens", chosen_by)
     id2label = dict(enumerate(label_names))
@@ -571,7 +585,7 @@ class FinetuneConfig(ConfigFile):
     )  # fmt: skip
     pooling: str | None = field(
         default=None,
-        metadata={"choices": CLASSIFIER_POOLINGS, "help": f"what the classifier reads: BERT's pooler on [CLS], or the mean of the last layer over the real tokens (default: a trained head's own, else {DEFAULT_POOLING}; mean cannot be exported with export-bert)"},
+        metadata={"choices": CLASSIFIER_POOLINGS, "help": f"what the classifier reads: BERT's pooler on [CLS], or the mean of the last layer over the real tokens (default: a trained head's own, else mean up to hidden size {POOLING_BY_WIDTH[0][0]} and cls above; {DOCS}). A mean classifier exports to ONNX, not with export-bert"},
     )  # fmt: skip
     reinit_head: bool = field(default=False, metadata={"help": "train a new head even if the checkpoint has one"})
     seed: int = field(default=42, metadata={"help": "seed of the new head, the data order and dropout"})
