@@ -479,23 +479,43 @@ def test_early_stopping_and_pooling_options_are_parsed_and_flags_win(tmp_path):
         FinetuneConfig.resolve(read_config_file(path), {"checkpoint": "ckpt", "output_dir": "out", "pooling": "max"})
 
 
-def test_early_stopping_stops_on_a_plateau_and_keeps_the_best_epoch(tmp_path, capsys, cli_main, one_class_checkpoint):
-    """At a learning rate of 1e-7 the validation score never improves after epoch 1: patience 2 stops after epoch 3."""
+@pytest.fixture(scope="module")
+def untrained_classifier(tmp_path_factory, tokenizer):
+    """A classifier with a random head that gives both classes (about half each, on mean pooling): training at
+    1e-7 leaves its score where it is."""
+    folder = tmp_path_factory.mktemp("untrained_head")
+    torch.manual_seed(0)
+    labels = dict(num_labels=2, id2label={0: "neg", 1: "pos"}, label2id={"neg": 0, "pos": 1})
+    ScratchBertForSequenceClassification(tiny_config(classifier_pooling="mean", **labels)).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_early_stopping_stops_on_a_plateau_and_keeps_the_best_epoch(tmp_path, capsys, cli_main, untrained_classifier, one_class_checkpoint):
+    """At a learning rate of 1e-7 the validation score never improves after epoch 1: patience 2 stops after epoch 3,
+    unless the plateau is the one-class answer, which small models give in their first epochs before they learn."""
     train = write_csv(tmp_path / "train.csv", sentiment_rows(32, seed=15))  # 2 steps of 16 an epoch
     validation = write_csv(tmp_path / "validation.csv", sentiment_rows(32, seed=16))
     argv = ["--train-file", train, "--validation-file", validation, "--epochs", "6", "--learning-rate", "1e-7", "--no-show-progress"]
-    code, err = run_cli(cli_main, capsys, one_class_checkpoint, *argv, "--output-dir", tmp_path / "stopped", "--early-stopping-patience", "2")
+    code, err = run_cli(cli_main, capsys, untrained_classifier, *argv, "--output-dir", tmp_path / "stopped", "--early-stopping-patience", "2")
     assert code == 0, err
     results = json.loads((tmp_path / "stopped" / "metrics.json").read_text())
     assert results["early_stopping"] == {"patience": 2, "stopped_early": True, "epochs_run": 3.0, "optimizer_steps_run": 6}
     epochs = [entry for entry in results["log_history"] if "eval_macro_f1" in entry]
     assert len(epochs) == 3 and results["validation"]["epoch"] == 1.0  # the best (first) epoch is the one kept
+    assert max(entry["eval_top_class_share"] for entry in epochs) < 0.95  # a plateau of a two-class answer
     assert results["schedule"]["epochs"] == 6 and results["schedule"]["optimizer_steps"] == 12  # what was planned
     # 0 switches it off: every epoch runs
-    code, err = run_cli(cli_main, capsys, one_class_checkpoint, *argv, "--output-dir", tmp_path / "all", "--early-stopping-patience", "0")
+    code, err = run_cli(cli_main, capsys, untrained_classifier, *argv, "--output-dir", tmp_path / "all", "--early-stopping-patience", "0")
     assert code == 0, err
     results = json.loads((tmp_path / "all" / "metrics.json").read_text())
     assert results["early_stopping"] == {"patience": None, "stopped_early": False, "epochs_run": 6.0, "optimizer_steps_run": 12}
+    # epochs that give every example one class do not count against the patience
+    code, err = run_cli(cli_main, capsys, one_class_checkpoint, *argv, "--output-dir", tmp_path / "one", "--early-stopping-patience", "2")
+    assert code == 0, err
+    results = json.loads((tmp_path / "one" / "metrics.json").read_text())
+    assert results["early_stopping"]["stopped_early"] is False and results["early_stopping"]["epochs_run"] == 6.0
+    assert results["collapsed"]["epochs_collapsed"] == "6 of 6"
 
 
 def test_pooling_comes_from_the_flag_a_trained_head_or_the_default(tmp_path, one_class_checkpoint, scratch_checkpoint, three_label_checkpoint):

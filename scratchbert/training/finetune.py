@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
+from transformers import EarlyStoppingCallback
 
 from scratchbert.configuration_scratchbert import CLASSIFIER_POOLINGS
 from scratchbert.errors import ScratchBertError
@@ -83,8 +84,9 @@ DEFAULT_EARLY_STOPPING_PATIENCE = None
 COLLAPSE_SHARE = 0.95
 COLLAPSE_ADVICE = (
     "the classifier learned the class balance, not the task. Try a higher --learning-rate (narrow models take "
-    "1e-4 to 1e-3), more optimizer steps (--epochs, or --min-steps without --epochs), and check that the labels "
-    "belong to the texts (--text-column, --label-column)."
+    "1e-4 to 1e-3), more optimizer steps (--epochs, or --min-steps without --epochs), --pooling mean (the [CLS] "
+    "pooler collapsed more often), no --early-stopping-patience, and check that the labels belong to the texts "
+    "(--text-column, --label-column)."
 )
 
 
@@ -530,6 +532,20 @@ def make_trainer(model, tokenizer, args, train_dataset=None, eval_dataset=None, 
     )
 
 
+class OneClassAwareEarlyStopping(EarlyStoppingCallback):
+    """transformers' early stopping, except that an evaluation where the classifier gives (nearly) every
+    example one class (`top_class_share` >= `COLLAPSE_SHARE`) does not count against the patience.
+
+    A small model's first epochs often answer with the majority class, and its score stays the same
+    until it leaves that answer: a plateau that plain early stopping takes for the end of learning.
+    """
+
+    def on_evaluate(self, args, state, control, metrics, **kwargs):
+        if metrics.get("eval_top_class_share", 0.0) >= COLLAPSE_SHARE:
+            return
+        super().on_evaluate(args, state, control, metrics, **kwargs)
+
+
 # ---------------------------------------------------------------------------
 # 6. The run: one configuration object, then train / select / score / save
 # ---------------------------------------------------------------------------
@@ -749,7 +765,7 @@ def finetune(config: FinetuneConfig, model_class=None) -> dict[str, Any]:
          (`early_stopping_record`), "collapsed": None or {split: {...}, "advice": ...}}
         with metrics named without Trainer's "eval_" prefix.
     """
-    from transformers import EarlyStoppingCallback, TrainingArguments, set_seed
+    from transformers import TrainingArguments, set_seed
 
     checkpoint, max_length = config.checkpoint, config.max_length
     check_weights(checkpoint)  # a missing, truncated or corrupt weight file fails here, in one line
@@ -804,7 +820,7 @@ def finetune(config: FinetuneConfig, model_class=None) -> dict[str, Any]:
         disable_tqdm=not config.show_progress,
     )
     # Early stopping reads the same per-epoch evaluation that picks the kept epoch (and the best one is still reloaded).
-    stopper = EarlyStoppingCallback(early_stopping_patience=config.early_stopping_patience) if config.early_stopping_patience else None
+    stopper = OneClassAwareEarlyStopping(early_stopping_patience=config.early_stopping_patience) if config.early_stopping_patience else None
     trainer = make_trainer(
         model, tokenizer, args, splits["train"], splits["validation"], compute_metrics=sequence_classification_metrics,
         callbacks=[stopper] if stopper else None,
