@@ -178,7 +178,14 @@ class DataArguments:
     whole_word_mask: bool = field(default=False, metadata={"help": "mask all ## pieces of a word together"})
     eval_fraction: float = field(default=0.1, metadata={"help": "fraction of documents held out for evaluation"})
     max_eval_examples: int = field(default=1000, metadata=_resumable("cap on held-out examples scored per evaluation (0: all)"))
-    num_workers: int = field(default=0, metadata=_resumable("DataLoader worker processes"))
+    num_workers: int = field(default=0, metadata=_resumable("DataLoader worker processes (not with --streaming, which reads in the training process)"))
+    streaming: bool = field(
+        default=False,
+        metadata={
+            "help": "read, tokenize and pack the corpus while training (datasets' IterableDataset): the first step comes at "
+            "once and nothing is cached on disk; needs --max-steps or --time-budget; resumes exactly"
+        },
+    )
     num_proc: int | None = field(
         default=None,
         metadata=_resumable(

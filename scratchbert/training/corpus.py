@@ -8,6 +8,7 @@ folder is touched, so a bad input never damages a finished run.
 
 from __future__ import annotations
 
+import functools
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,6 +20,7 @@ from datasets.arrow_dataset import Column
 from torch.utils.data import DataLoader
 
 from scratchbert import ingestion
+from scratchbert.training import streaming
 from scratchbert.errors import ScratchBertError
 from scratchbert.tokenization import load_tokenizer, train_tokenizer
 from scratchbert.training.collator import MODEL_INPUTS, DataCollatorForPretraining, IndexedDataset, SeededCollator
@@ -34,19 +36,25 @@ def _show_progress(config: PretrainConfig) -> bool:
     return config.progress_bar and PartialState().is_local_main_process
 
 
-def load_corpus(config: PretrainConfig) -> Sequence[str]:
+def load_corpus(config: PretrainConfig) -> Sequence[str] | datasets.IterableDataset:
     """The run's documents: --train-files, --dataset, or the embedded default corpus.
 
     Files and datasets stay where `ingestion.load_documents` puts them, in datasets' Arrow
     cache (memory-mapped, keyed by the files' paths, sizes and modification times): the
     documents are its "text" column, read lazily, never a list in memory. The examples built
     from them are cached beside it (`build_datasets`), so a second run on the same corpus
-    reuses them. The embedded corpus is a list of strings.
+    reuses them. The embedded corpus is a list of strings. With --streaming: an `IterableDataset`
+    that reads the documents as training goes (`streaming.py`), blank ones left out.
     """
+    if config.streaming:
+        source = config.train_files or config.dataset or datasets.Dataset.from_dict({"text": ingestion.default_corpus_documents()})
+        documents = ingestion.load_documents(source, text_column=config.text_column, streaming=True)
+        return documents.filter(lambda example: bool(example["text"] and example["text"].strip()))
     if config.train_files or config.dataset:
         with progress_bars(_show_progress(config)):
             dataset = ingestion.load_documents(config.train_files or config.dataset, text_column=config.text_column)
-        documents = _with_text(dataset)["text"]
+        plain_text = config.train_files and {ingestion.format_of(f) for f in ingestion.expand_files(config.train_files)} == {"text"}
+        documents = (dataset if plain_text else _with_text(dataset))["text"]  # text files' documents are never blank
     else:
         documents = [doc for doc in ingestion.default_corpus_documents() if doc.strip()]
     if not len(documents):
@@ -155,13 +163,16 @@ def build_datasets(config: PretrainConfig, tokenizer, train_docs: Sequence[str],
         return _build_datasets(config, tokenizer, train_docs, eval_docs)
 
 
-def _build_datasets(config: PretrainConfig, tokenizer, train_docs, eval_docs):
-    def examples(tokenized, seed: int):
-        if config.packing == "full-sentences":
-            return build_packed_dataset(tokenized, tokenizer, max_seq_length=config.max_seq_length, num_proc=config.num_proc)
-        pairing = {"max_seq_length": config.max_seq_length, "short_seq_prob": config.short_seq_prob, "num_proc": config.num_proc}
-        return build_pretraining_dataset(tokenized, tokenizer, seed=seed, nsp_probability=0.5 if config.nsp else 0.0, **pairing)
+def _examples(config: PretrainConfig, tokenizer, documents, seed: int):
+    """The recipe's examples from documents (text or tokenized; a Dataset or a stream)."""
+    if config.packing == "full-sentences":
+        return build_packed_dataset(documents, tokenizer, max_seq_length=config.max_seq_length, num_proc=config.num_proc)
+    pairing = {"max_seq_length": config.max_seq_length, "short_seq_prob": config.short_seq_prob, "num_proc": config.num_proc}
+    return build_pretraining_dataset(documents, tokenizer, seed=seed, nsp_probability=0.5 if config.nsp else 0.0, **pairing)
 
+
+def _build_datasets(config: PretrainConfig, tokenizer, train_docs, eval_docs):
+    examples = functools.partial(_examples, config, tokenizer)
     splits = []
     for name, docs, copies, seed in (
         ("training", train_docs, config.dupe_factor if config.packing == "sentence-pairs" else 1, config.seed),
@@ -188,7 +199,18 @@ def _build_datasets(config: PretrainConfig, tokenizer, train_docs, eval_docs):
     return train_dataset, eval_dataset
 
 
-def make_dataloaders(config: PretrainConfig, tokenizer, train_dataset, eval_dataset):
+def build_stream_datasets(config: PretrainConfig, tokenizer, train_docs: datasets.IterableDataset, eval_docs: datasets.IterableDataset):
+    """--streaming: the training examples as a stream, and a fixed held-out set read from the start of its stream.
+
+    The training stream is one pass over the documents with the recipe's examples (sentence
+    pairs are paired once: `--dupe-factor` does not apply); each epoch reads it again.
+    """
+    with progress_bars(_show_progress(config)):
+        eval_dataset = streaming.materialize(_examples(config, tokenizer, eval_docs, config.seed + 10_000), config.max_eval_examples or None, "held-out")
+    return _examples(config, tokenizer, train_docs, config.seed), eval_dataset
+
+
+def make_dataloaders(config: PretrainConfig, tokenizer, train_dataset, eval_dataset, accelerator: Accelerator | None = None):
     def collator(mlm_probability: float):
         return DataCollatorForPretraining(tokenizer, mlm_probability=mlm_probability, whole_word_mask=config.whole_word_mask)
 
@@ -201,14 +223,18 @@ def make_dataloaders(config: PretrainConfig, tokenizer, train_dataset, eval_data
     # Each DataLoader gets its own generator: starting an iteration draws a worker base seed
     # from it, and from torch's global RNG (dropout's stream) if it had none — which would
     # shift dropout in a resumed run, since it starts iterating at a different moment.
-    train_loader = DataLoader(
-        IndexedDataset(train_dataset),
-        batch_size=config.batch_size,
-        shuffle=True,
-        collate_fn=train_collate,
-        num_workers=config.num_workers,
-        generator=torch.Generator().manual_seed(config.seed),
-    )
+    if isinstance(train_dataset, datasets.IterableDataset):
+        stream = streaming.ExampleStream(train_dataset, config.seed, rank=accelerator.process_index, world_size=accelerator.num_processes)
+        train_loader = streaming.StreamLoader(stream, config.batch_size, train_collate, accelerator.device)
+    else:
+        train_loader = DataLoader(
+            IndexedDataset(train_dataset),
+            batch_size=config.batch_size,
+            shuffle=True,
+            collate_fn=train_collate,
+            num_workers=config.num_workers,
+            generator=torch.Generator().manual_seed(config.seed),
+        )
     eval_loader = DataLoader(
         IndexedDataset(eval_dataset),
         batch_size=config.batch_size,

@@ -47,19 +47,21 @@ from pathlib import Path
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import set_seed
+from accelerate.utils import gather_object, set_seed
 from torch.utils.data import DataLoader
 
 from scratchbert.configuration_scratchbert import ScratchBertConfig
-from scratchbert.errors import NonFiniteLossError
+from scratchbert.errors import NonFiniteLossError, ScratchBertError
 from scratchbert.inspection import fill_mask, load_masked_lm
 from scratchbert.modeling_scratchbert import ScratchBertForMaskedLM, ScratchBertForPreTraining
 from scratchbert.training import checkpoint as ckpt
 from scratchbert.training.accelerator import build_accelerator
 from scratchbert.training.collator import SeededCollator
 from scratchbert.training.config import PretrainConfig
+from scratchbert.training import streaming
 from scratchbert.training.corpus import (
     build_datasets,
+    build_stream_datasets,
     check_vocabulary,
     load_corpus,
     load_or_train_tokenizer,
@@ -153,12 +155,13 @@ class Run:
     train_loader: DataLoader
     eval_loader: DataLoader
     train_collate: SeededCollator
-    train_examples: int
+    train_examples: int | None  # None for a stream, whose length is not known in advance
     eval_examples: int
     vocab_size: int
     budget_schedule: TimeBudgetSchedule | None = None
     position: Position = field(default_factory=Position)
     last_saved: str | None = None  # the newest checkpoint, named in error messages
+    setup_seconds: float = 0.0  # from the call to the training loop: reading and preparing the data, mostly
     eval_metrics: dict = field(default_factory=dict)
 
     @property
@@ -190,11 +193,17 @@ def setup(config: PretrainConfig, model_class=None, config_class=None) -> tuple[
     set_seed(config.seed)  # weights and dropout; the data order and masks have seeds of their own
 
     # The data, start to finish, while nothing has been written: a bad corpus fails here.
-    train_docs, eval_docs = split_documents(load_corpus(config), config.eval_fraction, config.seed)
-    tokenizer = load_or_train_tokenizer(config, accelerator, resume_state is not None, lambda: train_docs)
-    with accelerator.main_process_first():  # the main process builds (and caches) the datasets first
-        train_dataset, eval_dataset = build_datasets(config, tokenizer, train_docs, eval_docs)
-    train_loader, eval_loader, train_collate = make_dataloaders(config, tokenizer, train_dataset, eval_dataset)
+    if config.streaming:  # read as training goes: streaming.py
+        rank, processes = accelerator.process_index, accelerator.num_processes
+        train_docs, eval_docs = streaming.split_stream(load_corpus(config), config.eval_fraction, rank, processes)
+        tokenizer = load_or_train_tokenizer(config, accelerator, resume_state is not None, lambda: streaming.first_texts(train_docs))
+        train_dataset, eval_dataset = build_stream_datasets(config, tokenizer, train_docs, eval_docs)
+    else:
+        train_docs, eval_docs = split_documents(load_corpus(config), config.eval_fraction, config.seed)
+        tokenizer = load_or_train_tokenizer(config, accelerator, resume_state is not None, lambda: train_docs)
+        with accelerator.main_process_first():  # the main process builds (and caches) the datasets first
+            train_dataset, eval_dataset = build_datasets(config, tokenizer, train_docs, eval_docs)
+    train_loader, eval_loader, train_collate = make_dataloaders(config, tokenizer, train_dataset, eval_dataset, accelerator)
 
     # The model's vocabulary: the checkpoint's when resuming, --vocab-size when given with
     # --tokenizer, else the tokenizer's own size (a trained one may come out smaller than asked).
@@ -216,12 +225,16 @@ def setup(config: PretrainConfig, model_class=None, config_class=None) -> tuple[
         eps=config.adam_epsilon,
     )
     scheduler, budget_schedule = make_scheduler(optimizer, config.max_steps, config.warmup_ratio, config.time_budget)
-    model, optimizer, train_loader, eval_loader, scheduler = accelerator.prepare(
-        model, optimizer, train_loader, eval_loader, scheduler
-    )
+    if config.streaming:  # a stream is split by streaming.py and put on the device by its StreamLoader
+        model, optimizer, eval_loader, scheduler = accelerator.prepare(model, optimizer, eval_loader, scheduler)
+    else:
+        model, optimizer, train_loader, eval_loader, scheduler = accelerator.prepare(
+            model, optimizer, train_loader, eval_loader, scheduler
+        )
+    train_examples = None if config.streaming else len(train_dataset)
     run = Run(
         config, accelerator, tokenizer, model, optimizer, scheduler, train_loader, eval_loader, train_collate,
-        len(train_dataset), len(eval_dataset), vocab_size, budget_schedule,
+        train_examples, len(eval_dataset), vocab_size, budget_schedule,
     )  # fmt: skip
     return run, resume_state
 
@@ -236,6 +249,10 @@ def resume(run: Run, resume_state: dict | None) -> None:
     ckpt.load_checkpoint(accelerator, resume_state["path"])
     run.position = Position(**{name: resume_state[name] for name in Position.__dataclass_fields__ if name in resume_state})
     run.last_saved = resume_state["path"]
+    if run.config.streaming:  # each process continues its own stream where it was (streaming.py)
+        stream_state = resume_state["streams"][accelerator.process_index]
+        run.train_loader.load_state_dict(stream_state)
+        run.position.epoch = stream_state["epoch"]
     accelerator.print(f"resuming from {resume_state['path']} (step {run.position.step}, epoch {run.position.epoch})")
     saved_processes = resume_state.get("num_processes", accelerator.num_processes)
     if saved_processes != accelerator.num_processes:
@@ -267,8 +284,9 @@ def train(run: Run, timer=time.perf_counter) -> RunLog:
             run.train_collate.epoch = position.epoch
             run.train_loader.set_epoch(position.epoch)
             loader = run.train_loader
-            if position.batches_in_epoch:
+            if position.batches_in_epoch and not config.streaming:  # a stream resumes itself (`resume`)
                 loader = accelerator.skip_first_batches(run.train_loader, position.batches_in_epoch)
+            batches_before = position.batches_in_epoch
             for batch in loader:
                 position.batches_in_epoch += 1
                 with accelerator.accumulate(run.model):
@@ -289,6 +307,11 @@ def train(run: Run, timer=time.perf_counter) -> RunLog:
                 if run.done():
                     break
             else:  # the epoch ran out before the run did: start the next one
+                if position.batches_in_epoch == batches_before == 0:
+                    raise ScratchBertError(
+                        f"process {accelerator.process_index} got no training batch from a whole epoch: its share of the "
+                        "corpus is empty. Add text, or use fewer processes."
+                    )
                 position.epoch += 1
                 position.batches_in_epoch = 0
     except KeyboardInterrupt:
@@ -331,6 +354,8 @@ def after_step(run: Run, log: RunLog, clock: TrainingClock, progress, window: di
     if config.save_every and position.step % config.save_every == 0:
         clock.pause()
         state = {**asdict(position), "num_processes": accelerator.num_processes, "model_vocab_size": run.vocab_size, "config": config.to_saved_dict()}
+        if config.streaming:  # every process's place in its own stream
+            state["streams"] = gather_object([run.train_loader.state_dict()])
         run.last_saved = str(ckpt.save_checkpoint(accelerator, run.output_dir, position.step, state, config.keep_last))
         clock.start()
         window["start"] = time.perf_counter()  # throughput counts training time only
@@ -387,6 +412,7 @@ def pretrain(config: PretrainConfig, model_class=None, config_class=None, timer=
     started, cpu_started = time.perf_counter(), time.process_time()
     run, resume_state = setup(config, model_class, config_class)
     resume(run, resume_state)
+    run.setup_seconds = time.perf_counter() - started
     log = train(run, timer)
     return finish(run, log, started, cpu_started)
 
@@ -400,9 +426,10 @@ def _announce(run: Run, log: RunLog) -> None:
         {
             "type": "start", "step": run.position.step, "num_processes": accelerator.num_processes,
             "train_examples": run.train_examples, "eval_examples": run.eval_examples,
-            "parameters": parameters, "vocab_size": len(run.tokenizer),
+            "parameters": parameters, "vocab_size": len(run.tokenizer), "setup_seconds": run.setup_seconds,
         }
     )  # fmt: skip
+    examples = "a stream of examples" if run.train_examples is None else f"{run.train_examples} examples"
     examples_per_step = config.batch_size * config.gradient_accumulation_steps * accelerator.num_processes
     if config.time_budget is None:
         length = f"{config.max_steps} steps"
@@ -412,7 +439,7 @@ def _announce(run: Run, log: RunLog) -> None:
         f"pretraining a {config.preset} BERT (L={config.num_hidden_layers}, H={config.hidden_size}, "
         f"{parameters / 1e6:.1f}M parameters, vocabulary {len(run.tokenizer)}) with the "
         f"{config.recipe} recipe ({'MLM + NSP' if config.nsp else 'MLM'} on {config.packing}, "
-        f"{config.mlm_probability:.0%} masking, learning rate {config.learning_rate:g}) on {run.train_examples} examples "
+        f"{config.mlm_probability:.0%} masking, learning rate {config.learning_rate:g}) on {examples} "
         f"({run.eval_examples} held out), {accelerator.num_processes} process(es), {length} of {examples_per_step} examples"
     )
 
