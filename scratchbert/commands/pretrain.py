@@ -14,6 +14,7 @@ from accelerate import PartialState
 from scratchbert.training.config import PretrainConfig
 from scratchbert.training.config_file import add_config_arguments, format_sources, resolve_args
 from scratchbert.training.data import progress_bars
+from scratchbert.training.prepared import read_manifest
 from scratchbert.training.pretrain import DEMO_SENTENCES, pretrain, print_fill_mask
 
 from .report import report_errors
@@ -45,7 +46,9 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    config, sources = resolve_args(args, PretrainConfig)
+    # A prepared-data folder's options are the defaults its examples need; --config and flags still win.
+    prepared = read_manifest(args.prepared_data)["options"] if getattr(args, "prepared_data", None) else None
+    config, sources = resolve_args(args, PretrainConfig, under_file=prepared)
     if args.print_config:
         print(format_sources(config, sources))
         return 0
@@ -53,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
         result = pretrain(config)
     sentences = args.fill_mask
     if sentences is None:  # the demo's sentences suit the embedded corpus only
-        sentences = DEMO_SENTENCES if not (config.train_files or config.dataset) else ()
+        sentences = DEMO_SENTENCES if not (config.train_files or config.dataset or config.prepared_data) else ()
     if sentences and PartialState().is_main_process:
         print_fill_mask(result.output_dir, sentences)
     return 0

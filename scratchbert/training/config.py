@@ -179,6 +179,10 @@ class DataArguments:
     eval_fraction: float = field(default=0.1, metadata={"help": "fraction of documents held out for evaluation"})
     max_eval_examples: int = field(default=1000, metadata=_resumable("cap on held-out examples scored per evaluation (0: all)"))
     num_workers: int = field(default=0, metadata=_resumable("DataLoader worker processes (not with --streaming, which reads in the training process)"))
+    prepared_data: str | None = field(
+        default=None,
+        metadata={"help": "a folder written by `scratchbert prepare-data`: its examples and tokenizer, and its data options as defaults"},
+    )
     streaming: bool = field(
         default=False,
         metadata={

@@ -164,12 +164,15 @@ def add_config_arguments(parser: argparse.ArgumentParser, config_class: type) ->
             target.add_argument(*names, type=base, **options)
 
 
-def resolve_args(args: argparse.Namespace, config_class: type):
-    """`config_class.resolve` of the `--config` file and the flags the user typed: (config, sources)."""
+def resolve_args(args: argparse.Namespace, config_class: type, under_file: dict | None = None):
+    """`config_class.resolve` of the `--config` file and the flags the user typed: (config, sources).
+
+    `under_file`: values below the file's (e.g. a prepared-data folder's options), reported as "file".
+    """
     names = {f.name for f in dataclasses.fields(config_class)}
     typed = {name: value for name, value in vars(args).items() if name in names}
     values = read_config_file(args.config) if getattr(args, "config", None) else {}
-    return config_class.resolve(values, typed)
+    return config_class.resolve({**(under_file or {}), **values}, typed)
 
 
 def config_from_args(args: argparse.Namespace, config_class: type):

@@ -127,6 +127,24 @@ def load_or_train_tokenizer(config: PretrainConfig, accelerator: Accelerator, re
     return tokenizer
 
 
+def build_data(config: PretrainConfig, accelerator: Accelerator, resuming: bool = False):
+    """(tokenizer, training examples, held-out examples) from the corpus, as the config says.
+
+    Files and datasets: examples in datasets' cache (`build_datasets`; the main process builds,
+    the others then read its cache). --streaming: a stream of training examples and a small
+    held-out set (`streaming.py`).
+    """
+    if config.streaming:
+        rank, processes = accelerator.process_index, accelerator.num_processes
+        train_docs, eval_docs = streaming.split_stream(load_corpus(config), config.eval_fraction, rank, processes)
+        tokenizer = load_or_train_tokenizer(config, accelerator, resuming, lambda: streaming.first_texts(train_docs))
+        return tokenizer, *build_stream_datasets(config, tokenizer, train_docs, eval_docs)
+    train_docs, eval_docs = split_documents(load_corpus(config), config.eval_fraction, config.seed)
+    tokenizer = load_or_train_tokenizer(config, accelerator, resuming, lambda: train_docs)
+    with accelerator.main_process_first():
+        return tokenizer, *build_datasets(config, tokenizer, train_docs, eval_docs)
+
+
 def check_vocabulary(tokenizer, model_config) -> None:
     """The tokenizer's ids must index the model's embedding table one to one."""
     if len(tokenizer) != model_config.vocab_size:

@@ -58,18 +58,10 @@ from scratchbert.training import checkpoint as ckpt
 from scratchbert.training.accelerator import build_accelerator
 from scratchbert.training.collator import SeededCollator
 from scratchbert.training.config import PretrainConfig
-from scratchbert.training import streaming
-from scratchbert.training.corpus import (
-    build_datasets,
-    build_stream_datasets,
-    check_vocabulary,
-    load_corpus,
-    load_or_train_tokenizer,
-    make_dataloaders,
-    split_documents,
-)
+from scratchbert.training.corpus import build_data, check_vocabulary, make_dataloaders
 from scratchbert.training.evaluation import evaluate, weight_checksum
 from scratchbert.training.output_folder import CURVES_FILE, LOG_FILE, check_output_dir, prepare_output_dir, save_final_model
+from scratchbert.training.prepared import load_prepared
 from scratchbert.training.plotting import plot_training_curves, read_log
 from scratchbert.training.run_log import RunLog, progress_bar, train_record
 from scratchbert.training.schedules import TimeBudgetSchedule, TrainingClock, make_scheduler, parameter_groups
@@ -193,16 +185,10 @@ def setup(config: PretrainConfig, model_class=None, config_class=None) -> tuple[
     set_seed(config.seed)  # weights and dropout; the data order and masks have seeds of their own
 
     # The data, start to finish, while nothing has been written: a bad corpus fails here.
-    if config.streaming:  # read as training goes: streaming.py
-        rank, processes = accelerator.process_index, accelerator.num_processes
-        train_docs, eval_docs = streaming.split_stream(load_corpus(config), config.eval_fraction, rank, processes)
-        tokenizer = load_or_train_tokenizer(config, accelerator, resume_state is not None, lambda: streaming.first_texts(train_docs))
-        train_dataset, eval_dataset = build_stream_datasets(config, tokenizer, train_docs, eval_docs)
+    if config.prepared_data:  # built ahead by `scratchbert prepare-data`: prepared.py
+        tokenizer, train_dataset, eval_dataset = load_prepared(config.prepared_data, config)
     else:
-        train_docs, eval_docs = split_documents(load_corpus(config), config.eval_fraction, config.seed)
-        tokenizer = load_or_train_tokenizer(config, accelerator, resume_state is not None, lambda: train_docs)
-        with accelerator.main_process_first():  # the main process builds (and caches) the datasets first
-            train_dataset, eval_dataset = build_datasets(config, tokenizer, train_docs, eval_docs)
+        tokenizer, train_dataset, eval_dataset = build_data(config, accelerator, resuming=resume_state is not None)
     train_loader, eval_loader, train_collate = make_dataloaders(config, tokenizer, train_dataset, eval_dataset, accelerator)
 
     # The model's vocabulary: the checkpoint's when resuming, --vocab-size when given with
