@@ -670,3 +670,16 @@ def test_data_scale_bench_prints_equal_examples_for_every_process_count(shared_d
     out = subprocess.run([sys.executable, str(script), *args], check=True, capture_output=True, text=True, timeout=600).stdout
     rows = [line.split("|")[1:-1] for line in out.splitlines() if line.startswith("| 1 ") or line.startswith("| 2 ")]
     assert [row[0].strip() for row in rows] == ["1", "2"] and rows[0][7] == rows[1][7]  # the same examples
+
+
+def test_epoch_permutation_hands_out_every_example_once_in_a_seeded_order():
+    from scratchbert.training.corpus import EpochPermutation
+
+    sampler = EpochPermutation(10_000, seed=3)  # more than one chunk of indices
+    first = list(sampler)
+    assert sorted(first) == list(range(10_000)) and first != list(range(10_000))
+    assert list(EpochPermutation(10_000, seed=3)) == first  # replayable: a resumed run skips into the same order
+    sampler.set_epoch(1)
+    second = list(sampler)
+    assert sorted(second) == list(range(10_000)) and second != first
+    assert all(type(index) is int for index in second[:5])

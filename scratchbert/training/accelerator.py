@@ -41,8 +41,8 @@ def build_accelerator(config: PretrainConfig) -> Accelerator:
         gradient_accumulation_steps=config.gradient_accumulation_steps,
         log_with=trackers or None,
         project_config=ProjectConfiguration(project_dir=config.output_dir, logging_dir=str(Path(config.output_dir) / "logs")),
-        # The seedable sampler shuffles with (data_seed + epoch), so the order of any epoch
-        # can be replayed after a restart.
+        # The training order is corpus.EpochPermutation's (seed + epoch), which Accelerate leaves
+        # alone; the seedable sampler would stand in for any plain shuffling DataLoader.
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=config.seed),
         # We step the scheduler once per optimizer step ourselves; by default Accelerate
         # steps it once per process, for schedules written in single-process steps.

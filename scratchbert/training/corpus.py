@@ -228,6 +228,32 @@ def build_stream_datasets(config: PretrainConfig, tokenizer, train_docs: dataset
     return _examples(config, tokenizer, train_docs, config.seed), eval_dataset
 
 
+class EpochPermutation(torch.utils.data.Sampler[int]):
+    """Every example once an epoch, in an order drawn from (seed, epoch): `set_epoch` before each.
+
+    The order is one int32 tensor, 4 bytes an example. torch's `RandomSampler` (and Accelerate's
+    seedable one, built on it) turns its permutation into a Python list, about 36 bytes an
+    example: 0.5 GB for the 13 million examples of a 4 GB corpus, memory that grew with the corpus.
+    """
+
+    CHUNK = 4096  # indices handed out per list conversion
+
+    def __init__(self, num_examples: int, seed: int):
+        self.num_examples, self.seed, self.epoch = num_examples, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.num_examples
+
+    def __iter__(self):
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        order = torch.randperm(self.num_examples, generator=generator, dtype=torch.int32)
+        for start in range(0, self.num_examples, self.CHUNK):
+            yield from order[start : start + self.CHUNK].tolist()
+
+
 def make_dataloaders(config: PretrainConfig, tokenizer, train_dataset, eval_dataset, accelerator: Accelerator | None = None):
     def collator(mlm_probability: float):
         return DataCollatorForPretraining(tokenizer, mlm_probability=mlm_probability, whole_word_mask=config.whole_word_mask)
@@ -248,7 +274,7 @@ def make_dataloaders(config: PretrainConfig, tokenizer, train_dataset, eval_data
         train_loader = DataLoader(
             IndexedDataset(train_dataset),
             batch_size=config.batch_size,
-            shuffle=True,
+            sampler=EpochPermutation(len(train_dataset), config.seed),
             collate_fn=train_collate,
             num_workers=config.num_workers,
             generator=torch.Generator().manual_seed(config.seed),

@@ -28,7 +28,7 @@ One loop, the same on a laptop core or a cluster, written with Hugging Face Acce
                  shutdown of the processes.
 
 Exact resumption needs every random draw to be reproducible from the checkpoint:
-  - data order: Accelerate's seedable sampler (seed + epoch) and `skip_first_batches`;
+  - data order: `corpus.EpochPermutation` (seed + epoch) and Accelerate's `skip_first_batches`;
   - dropout: torch's global RNG, saved per process by `save_state`, and used by nothing
     else (the DataLoaders get generators of their own);
   - MLM masks: drawn by the collator from a generator seeded by (seed, epoch, example
