@@ -520,3 +520,58 @@ def test_two_process_ddp_on_cpu(corpus_file, tokenizer_dir, tmp_path):
     assert all(r["eval_examples"] == records[0]["eval_examples"] for r in evals)
     saved = set(os.listdir(ckpt.list_checkpoints(output_dir)[-1][1]))
     assert {"random_states_0.pkl", "random_states_1.pkl", "trainer_state.json"} <= saved  # each rank's RNG streams
+
+
+# --- the long phase -------------------------------------------------------------------
+
+
+def test_long_phase_trains_the_positions_past_max_seq_length_and_resumes_exactly(tiny_config, tmp_path, monkeypatch):
+    """--long-phase 0.5: steps 5-8 on 32-token examples. Without weight decay, position rows no example
+    reaches stay at their initial values: rows 16-31 are trained only by the long phase. A run killed
+    before the switch and one killed after it both resume to the uninterrupted run's weights."""
+    from safetensors.torch import load_file
+
+    base = {"recipe": "packed", "max_seq_length": 16, "weight_decay": 0.0, "max_steps": 8, "save_every": 2}
+    long = {**base, "long_phase": 0.5, "long_seq_length": 32}
+    pretrain(tiny_config(tmp_path / "short", **base))
+    AcceleratorState._reset_state(reset_partial_state=True)
+    pretrain(tiny_config(tmp_path / "long", **long))
+    records = [r for r in read_log(tmp_path / "long") if r["type"] == "train"]
+    assert [r["seq_length"] for r in records] == [16] * 4 + [32] * 4
+    positions = lambda folder: load_file(folder / "model.safetensors")["bert.embeddings.position_embeddings.weight"]  # noqa: E731
+    short, longer = positions(tmp_path / "short"), positions(tmp_path / "long")
+    assert torch.equal(short[32:], longer[32:])  # reached by no example: both as initialised (same seed)
+    assert not torch.equal(short[16:32], longer[16:32])  # reached by the long phase only
+    expected = final_weights(tmp_path / "long")
+
+    for kill_at in (2, 6):  # before and after the switch
+        AcceleratorState._reset_state(reset_partial_state=True)
+        output_dir = tmp_path / f"killed-{kill_at}"
+        real_save = ckpt.save_checkpoint
+
+        def save_then_die(accelerator, out, step, state, keep_last, kill_at=kill_at):
+            path = real_save(accelerator, out, step, state, keep_last)
+            if step == kill_at:
+                raise Preempted
+            return path
+
+        monkeypatch.setattr(ckpt, "save_checkpoint", save_then_die)
+        with pytest.raises(Preempted):
+            pretrain(tiny_config(output_dir, **long))
+        monkeypatch.setattr(ckpt, "save_checkpoint", real_save)
+        assert ckpt.read_trainer_state(ckpt.list_checkpoints(output_dir)[-1][1])["phase"] == (kill_at > 4)
+        AcceleratorState._reset_state(reset_partial_state=True)
+        pretrain(tiny_config(output_dir, **long, resume=True))
+        resumed = final_weights(output_dir)
+        assert all(torch.equal(expected[name], resumed[name]) for name in expected), kill_at
+
+
+def test_long_phase_options_are_checked(tiny_config, tmp_path):
+    from scratchbert.errors import ScratchBertError
+
+    with pytest.raises(ScratchBertError, match="long_seq_length=16"):
+        tiny_config(tmp_path, max_seq_length=16, long_phase=0.1, long_seq_length=16)
+    with pytest.raises(ScratchBertError, match="long_phase=1.5"):
+        tiny_config(tmp_path, long_phase=1.5)
+    with pytest.raises(ScratchBertError, match="not with --streaming"):
+        tiny_config(tmp_path, max_seq_length=16, long_phase=0.1, streaming=True)

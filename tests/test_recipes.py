@@ -405,6 +405,11 @@ def test_a_run_saved_before_config_version_resumes_as_it_trained(tmp_path):
     assert PretrainConfig.from_file(tmp_path / "old.json") == current
     assert ckpt.config_differences(old, current.to_dict()) == []
     assert ckpt.config_differences(saved, current.to_dict()) == []
+    version_2 = {**saved, "config_version": 2}
+    for name in ("streaming", "prepared_data", "long_phase", "long_seq_length"):  # options added in version 3
+        del version_2[name]
+    assert ckpt.config_differences(version_2, current.to_dict()) == []
+    assert PretrainConfig.from_dict(version_2) == current
     newer = {**saved, "config_version": PretrainConfig.VERSION + 1}
     with pytest.raises(ScratchBertError, match="saved by a newer scratchbert"):
         PretrainConfig.from_dict(newer)

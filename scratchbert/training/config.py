@@ -172,6 +172,15 @@ class DataArguments:
         metadata={"choices": PACKINGS, "help": "full-sentences (contiguous text, one segment, no padding) or sentence-pairs ([CLS] A [SEP] B [SEP]); default: from the recipe"},
     )
     max_seq_length: int = field(default=64, metadata={"help": "tokens per example, special tokens included"})
+    long_phase: float = field(
+        default=0.0,
+        metadata={
+            "help": "the last fraction of the run (of --max-steps, or of --time-budget) trained on examples of "
+            "--long-seq-length tokens, so the position table's rows past --max-seq-length are trained for fine-tuning on "
+            "longer inputs (BERT: 0.1 at 512); 0: off"
+        },
+    )
+    long_seq_length: int | None = field(default=None, metadata={"help": "tokens per example in the --long-phase (default: max_position_embeddings)"})
     short_seq_prob: float = field(default=0.1, metadata={"help": "sentence-pairs: probability of a shorter random target length"})
     dupe_factor: int = field(default=5, metadata={"help": "sentence-pairs: pairings of the training text, each with another seed (BERT used 10)"})
     mlm_probability: float | None = field(default=None, metadata={"help": "fraction of tokens chosen for masking (default: from the recipe)"})
@@ -254,7 +263,7 @@ class PretrainConfig(TrainingArguments, DataArguments, ModelArguments, ConfigFil
     """Everything a pretraining run needs; see the module docstring for how it is layered."""
 
     JOB = "pretraining"
-    VERSION = 2  # 1: saves without a version (before `config_version`); see `upgrade_saved_config`
+    VERSION = 3  # 1: saves without a version (before `config_version`); 3: streaming, prepared data, long phase
 
     def __post_init__(self) -> None:
         for name, (_, value) in self.unset_values().items():
@@ -302,6 +311,7 @@ class PretrainConfig(TrainingArguments, DataArguments, ModelArguments, ConfigFil
                 "Lower --max-seq-length or raise --max-position-embeddings."
             )
         check_max_seq_length(self.max_seq_length)
+        self._validate_long_phase()
         if self.time_budget is not None and (
             isinstance(self.time_budget, bool) or not isinstance(self.time_budget, (int, float)) or not 0 < self.time_budget < float("inf")
         ):
@@ -328,6 +338,20 @@ class PretrainConfig(TrainingArguments, DataArguments, ModelArguments, ConfigFil
             raise ScratchBertError("give either --train-files or --dataset, not both.")
         if self.resume and self.overwrite:
             raise ScratchBertError("--resume and --overwrite contradict each other: pick one.")
+
+    def _validate_long_phase(self) -> None:
+        if not 0.0 <= self.long_phase < 1.0:
+            raise ScratchBertError(f"long_phase={self.long_phase!r}: it must be in [0, 1) (a fraction of the run; 0 turns it off).")
+        if not self.long_phase:
+            return
+        long = self.long_seq_length or self.max_position_embeddings
+        if not self.max_seq_length < long <= self.max_position_embeddings:
+            raise ScratchBertError(
+                f"long_seq_length={long}: it must be longer than max_seq_length={self.max_seq_length} and at most "
+                f"max_position_embeddings={self.max_position_embeddings}. Set --long-seq-length in that range."
+            )
+        if self.streaming or self.prepared_data:
+            raise ScratchBertError("--long-phase builds a second set of examples from the corpus: not with --streaming or --prepared-data.")
 
     # --- geometry shared with the model config ---
     def model_kwargs(self) -> dict:
@@ -361,6 +385,17 @@ _VERSION_1_VALUES = {
 }  # fmt: skip
 
 
+# Options added by a later version, with the value every run saved before it trained with.
+_ADDED_IN_VERSION = {3: {"streaming": False, "prepared_data": None, "long_phase": 0.0, "long_seq_length": None}}
+
+
+def _with_added_options(values: dict, version: int) -> dict:
+    for added, before in _ADDED_IN_VERSION.items():
+        if version < added:
+            values = {**before, **values}
+    return values
+
+
 def resumable_options() -> frozenset[str]:
     """Options that may change when a run is resumed: they affect bookkeeping, not the sequence of weights.
 
@@ -386,11 +421,12 @@ def upgrade_saved_config(values: dict) -> dict:
                 f"this configuration was saved by a newer scratchbert (config_version {version}, this one reads up to "
                 f"{PretrainConfig.VERSION}): upgrade scratchbert."
             )
-        return values
-    always_saved = {f.name for f in dataclasses.fields(PretrainConfig)} - set(_VERSION_1_VALUES)
+        return _with_added_options(values, version)
+    added = {name for options in _ADDED_IN_VERSION.values() for name in options}
+    always_saved = {f.name for f in dataclasses.fields(PretrainConfig)} - set(_VERSION_1_VALUES) - added
     if not always_saved <= set(values):
         return values
-    return {**_VERSION_1_VALUES, **values}
+    return _with_added_options({**_VERSION_1_VALUES, **values}, 1)
 
 
 __all__ = [

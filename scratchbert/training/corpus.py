@@ -145,6 +145,18 @@ def build_data(config: PretrainConfig, accelerator: Accelerator, resuming: bool 
         return tokenizer, *build_datasets(config, tokenizer, train_docs, eval_docs)
 
 
+def build_long_dataset(config: PretrainConfig, tokenizer, accelerator: Accelerator):
+    """--long-phase: the training documents' examples at --long-seq-length (the tokens come from the cache)."""
+    train_docs, _ = split_documents(load_corpus(config), config.eval_fraction, config.seed)
+    long_length = config.long_seq_length or config.max_position_embeddings
+    with accelerator.main_process_first(), progress_bars(_show_progress(config)):
+        tokenized = tokenize_documents(train_docs, tokenizer, num_proc=config.num_proc, sentences=config.packing != "full-sentences")
+        dataset = _examples(config, tokenizer, tokenized, config.seed + 20_000, max_seq_length=long_length)
+    if len(dataset) == 0:
+        raise ScratchBertError(f"--long-phase: the training text gives no example of {long_length} tokens. Lower --long-seq-length or add text.")
+    return dataset
+
+
 def check_vocabulary(tokenizer, model_config) -> None:
     """The tokenizer's ids must index the model's embedding table one to one."""
     if len(tokenizer) != model_config.vocab_size:
@@ -181,11 +193,12 @@ def build_datasets(config: PretrainConfig, tokenizer, train_docs: Sequence[str],
         return _build_datasets(config, tokenizer, train_docs, eval_docs)
 
 
-def _examples(config: PretrainConfig, tokenizer, documents, seed: int):
-    """The recipe's examples from documents (text or tokenized; a Dataset or a stream)."""
+def _examples(config: PretrainConfig, tokenizer, documents, seed: int, max_seq_length: int | None = None):
+    """The recipe's examples from documents (text or tokenized; a Dataset or a stream), of --max-seq-length tokens or `max_seq_length`."""
+    length = max_seq_length or config.max_seq_length
     if config.packing == "full-sentences":
-        return build_packed_dataset(documents, tokenizer, max_seq_length=config.max_seq_length, num_proc=config.num_proc)
-    pairing = {"max_seq_length": config.max_seq_length, "short_seq_prob": config.short_seq_prob, "num_proc": config.num_proc}
+        return build_packed_dataset(documents, tokenizer, max_seq_length=length, num_proc=config.num_proc)
+    pairing = {"max_seq_length": length, "short_seq_prob": config.short_seq_prob, "num_proc": config.num_proc}
     return build_pretraining_dataset(documents, tokenizer, seed=seed, nsp_probability=0.5 if config.nsp else 0.0, **pairing)
 
 
@@ -254,31 +267,37 @@ class EpochPermutation(torch.utils.data.Sampler[int]):
             yield from order[start : start + self.CHUNK].tolist()
 
 
-def make_dataloaders(config: PretrainConfig, tokenizer, train_dataset, eval_dataset, accelerator: Accelerator | None = None):
-    def collator(mlm_probability: float):
-        return DataCollatorForPretraining(tokenizer, mlm_probability=mlm_probability, whole_word_mask=config.whole_word_mask)
-
+def _collate(config: PretrainConfig, tokenizer, mlm_probability: float, seed: int) -> SeededCollator:
+    collator = DataCollatorForPretraining(tokenizer, mlm_probability=mlm_probability, whole_word_mask=config.whole_word_mask)
     # Without NSP the model takes no next_sentence_label (sentence pairs still carry one).
     inputs = MODEL_INPUTS if config.nsp else tuple(name for name in MODEL_INPUTS if name != "next_sentence_label")
-    train_collate = SeededCollator(collator(config.mlm_probability), config.seed, model_inputs=inputs)
-    # Fixed masks at BERT's 15% whatever the training rate: every evaluation, and every
-    # recipe, is scored on the same kind of task.
-    eval_collate = SeededCollator(collator(EVAL_MLM_PROBABILITY), config.seed + 1, model_inputs=inputs)
+    return SeededCollator(collator, seed, model_inputs=inputs)
+
+
+def _shuffled_loader(config: PretrainConfig, dataset: datasets.Dataset, collate: SeededCollator, batch_size: int, seed: int) -> DataLoader:
     # Each DataLoader gets its own generator: starting an iteration draws a worker base seed
     # from it, and from torch's global RNG (dropout's stream) if it had none — which would
     # shift dropout in a resumed run, since it starts iterating at a different moment.
+    return DataLoader(
+        IndexedDataset(dataset),
+        batch_size=batch_size,
+        sampler=EpochPermutation(len(dataset), seed),
+        collate_fn=collate,
+        num_workers=config.num_workers,
+        generator=torch.Generator().manual_seed(seed),
+    )
+
+
+def make_dataloaders(config: PretrainConfig, tokenizer, train_dataset, eval_dataset, accelerator: Accelerator | None = None):
+    train_collate = _collate(config, tokenizer, config.mlm_probability, config.seed)
+    # Fixed masks at BERT's 15% whatever the training rate: every evaluation, and every
+    # recipe, is scored on the same kind of task.
+    eval_collate = _collate(config, tokenizer, EVAL_MLM_PROBABILITY, config.seed + 1)
     if isinstance(train_dataset, datasets.IterableDataset):
         stream = streaming.ExampleStream(train_dataset, config.seed, rank=accelerator.process_index, world_size=accelerator.num_processes)
         train_loader = streaming.StreamLoader(stream, config.batch_size, train_collate, accelerator.device)
     else:
-        train_loader = DataLoader(
-            IndexedDataset(train_dataset),
-            batch_size=config.batch_size,
-            sampler=EpochPermutation(len(train_dataset), config.seed),
-            collate_fn=train_collate,
-            num_workers=config.num_workers,
-            generator=torch.Generator().manual_seed(config.seed),
-        )
+        train_loader = _shuffled_loader(config, train_dataset, train_collate, config.batch_size, config.seed)
     eval_loader = DataLoader(
         IndexedDataset(eval_dataset),
         batch_size=config.batch_size,
@@ -287,3 +306,11 @@ def make_dataloaders(config: PretrainConfig, tokenizer, train_dataset, eval_data
         generator=torch.Generator().manual_seed(config.seed + 1),
     )
     return train_loader, eval_loader, train_collate
+
+
+def make_long_loader(config: PretrainConfig, tokenizer, long_dataset: datasets.Dataset) -> tuple[DataLoader, SeededCollator]:
+    """--long-phase: batches of long examples with about the tokens of a regular batch (BERT kept 256 examples of 512)."""
+    long_length = config.long_seq_length or config.max_position_embeddings
+    batch_size = max(1, config.batch_size * config.max_seq_length // long_length)
+    collate = _collate(config, tokenizer, config.mlm_probability, config.seed + 2)
+    return _shuffled_loader(config, long_dataset, collate, batch_size, config.seed + 2), collate

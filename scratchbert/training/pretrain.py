@@ -58,7 +58,7 @@ from scratchbert.training import checkpoint as ckpt
 from scratchbert.training.accelerator import build_accelerator
 from scratchbert.training.collator import SeededCollator
 from scratchbert.training.config import PretrainConfig
-from scratchbert.training.corpus import build_data, check_vocabulary, make_dataloaders
+from scratchbert.training.corpus import build_data, build_long_dataset, check_vocabulary, make_dataloaders, make_long_loader
 from scratchbert.training.evaluation import evaluate, weight_checksum
 from scratchbert.training.output_folder import CURVES_FILE, LOG_FILE, check_output_dir, prepare_output_dir, save_final_model
 from scratchbert.training.prepared import load_prepared
@@ -132,6 +132,7 @@ class Position:
     batches_in_epoch: int = 0  # batches of this epoch already used (skipped on resume)
     tokens_seen: int = 0
     training_seconds: float = 0.0  # the clock a --time-budget runs on
+    phase: int = 0  # 1 once the --long-phase has begun (epoch and batches_in_epoch then count its examples)
 
 
 @dataclass
@@ -154,6 +155,8 @@ class Run:
     position: Position = field(default_factory=Position)
     last_saved: str | None = None  # the newest checkpoint, named in error messages
     setup_seconds: float = 0.0  # from the call to the training loop: reading and preparing the data, mostly
+    long_loader: DataLoader | None = None  # --long-phase: its examples and masks
+    long_collate: SeededCollator | None = None
     eval_metrics: dict = field(default_factory=dict)
 
     @property
@@ -162,6 +165,19 @@ class Run:
 
     def out_of_time(self) -> bool:
         return self.config.time_budget is not None and self.position.training_seconds >= 60.0 * self.config.time_budget
+
+    def long_phase_due(self) -> bool:
+        """--long-phase: whether the run has reached its last `long_phase` of steps (or of the time budget)."""
+        fraction = self.config.long_phase
+        if not fraction or self.position.phase:
+            return False
+        if self.config.time_budget is not None:
+            return self.position.training_seconds >= (1.0 - fraction) * 60.0 * self.config.time_budget
+        return self.position.step >= round((1.0 - fraction) * self.config.max_steps)
+
+    def batches(self) -> tuple[DataLoader, SeededCollator]:
+        """The loader and collator of the phase the run is in."""
+        return (self.long_loader, self.long_collate) if self.position.phase else (self.train_loader, self.train_collate)
 
     def done(self) -> bool:
         return (self.config.max_steps is not None and self.position.step >= self.config.max_steps) or self.out_of_time()
@@ -190,6 +206,9 @@ def setup(config: PretrainConfig, model_class=None, config_class=None) -> tuple[
     else:
         tokenizer, train_dataset, eval_dataset = build_data(config, accelerator, resuming=resume_state is not None)
     train_loader, eval_loader, train_collate = make_dataloaders(config, tokenizer, train_dataset, eval_dataset, accelerator)
+    long_loader = long_collate = None
+    if config.long_phase:
+        long_loader, long_collate = make_long_loader(config, tokenizer, build_long_dataset(config, tokenizer, accelerator))
 
     # The model's vocabulary: the checkpoint's when resuming, --vocab-size when given with
     # --tokenizer, else the tokenizer's own size (a trained one may come out smaller than asked).
@@ -217,10 +236,12 @@ def setup(config: PretrainConfig, model_class=None, config_class=None) -> tuple[
         model, optimizer, train_loader, eval_loader, scheduler = accelerator.prepare(
             model, optimizer, train_loader, eval_loader, scheduler
         )
+    if long_loader is not None:
+        long_loader = accelerator.prepare(long_loader)
     train_examples = None if config.streaming else len(train_dataset)
     run = Run(
         config, accelerator, tokenizer, model, optimizer, scheduler, train_loader, eval_loader, train_collate,
-        train_examples, len(eval_dataset), vocab_size, budget_schedule,
+        train_examples, len(eval_dataset), vocab_size, budget_schedule, long_loader=long_loader, long_collate=long_collate,
     )  # fmt: skip
     return run, resume_state
 
@@ -267,11 +288,15 @@ def train(run: Run, timer=time.perf_counter) -> RunLog:
     clock.start()
     try:
         while not run.done():
-            run.train_collate.epoch = position.epoch
-            run.train_loader.set_epoch(position.epoch)
-            loader = run.train_loader
+            if run.long_phase_due():  # the last stretch of the run: longer examples, from their first epoch
+                position.phase, position.epoch, position.batches_in_epoch = 1, 0, 0
+                accelerator.print(f"step {position.step}: the long phase begins (examples of {config.long_seq_length or config.max_position_embeddings} tokens)")
+            epoch_loader, collate = run.batches()
+            collate.epoch = position.epoch
+            epoch_loader.set_epoch(position.epoch)
+            loader = epoch_loader
             if position.batches_in_epoch and not config.streaming:  # a stream resumes itself (`resume`)
-                loader = accelerator.skip_first_batches(run.train_loader, position.batches_in_epoch)
+                loader = accelerator.skip_first_batches(epoch_loader, position.batches_in_epoch)
             batches_before = position.batches_in_epoch
             for batch in loader:
                 position.batches_in_epoch += 1
@@ -290,7 +315,7 @@ def train(run: Run, timer=time.perf_counter) -> RunLog:
                 window["tokens"] += batch["attention_mask"].sum()  # a tensor: no device sync per step
                 if accelerator.sync_gradients:
                     after_step(run, log, clock, progress, window)
-                if run.done():
+                if run.done() or run.long_phase_due():
                     break
             else:  # the epoch ran out before the run did: start the next one
                 if position.batches_in_epoch == batches_before == 0:
@@ -328,6 +353,8 @@ def after_step(run: Run, log: RunLog, clock: TrainingClock, progress, window: di
         record = train_record(accelerator, window, position.step, position.epoch, run.scheduler)
         position.tokens_seen += record.pop("tokens")
         record.update(tokens_seen=position.tokens_seen, training_seconds=position.training_seconds)
+        if config.long_phase:
+            record["seq_length"] = (config.long_seq_length or config.max_position_embeddings) if position.phase else config.max_seq_length
         log.write(record)
         progress.set_postfix(step=position.step, loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_second']:.0f}")
     # Evaluation and checkpoints stop the clock: a budget buys training, not bookkeeping.
@@ -421,6 +448,8 @@ def _announce(run: Run, log: RunLog) -> None:
         length = f"{config.max_steps} steps"
     else:
         length = f"{config.time_budget:g} minutes" + (f" (at most {config.max_steps} steps)" if config.max_steps else "")
+    if config.long_phase:
+        length += f", the last {config.long_phase:.0%} on examples of {config.long_seq_length or config.max_position_embeddings} tokens"
     accelerator.print(
         f"pretraining a {config.preset} BERT (L={config.num_hidden_layers}, H={config.hidden_size}, "
         f"{parameters / 1e6:.1f}M parameters, vocabulary {len(run.tokenizer)}) with the "
