@@ -84,3 +84,28 @@ def small_batch(padded: bool, vocab_size: int = 99) -> tuple:
         mask[1, 8:] = 0
         mask[2, 3:] = 0
     return ids, mask
+
+
+class Preempted(Exception):
+    """Stands for the process being killed."""
+
+
+def kill_after_saving(monkeypatch, step: int, run) -> None:
+    """Call `run()` with checkpointing that kills the run right after saving `step` (as a preempted
+    machine would), then restore checkpointing: the caller resumes from what was saved."""
+    from scratchbert.training import checkpoint as ckpt
+
+    real_save = ckpt.save_checkpoint
+
+    def save_then_die(accelerator, out, saved_step, state, keep_last):
+        path = real_save(accelerator, out, saved_step, state, keep_last)
+        if saved_step == step:
+            raise Preempted
+        return path
+
+    monkeypatch.setattr(ckpt, "save_checkpoint", save_then_die)
+    try:
+        with pytest.raises(Preempted):
+            run()
+    finally:
+        monkeypatch.setattr(ckpt, "save_checkpoint", real_save)

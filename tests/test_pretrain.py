@@ -17,6 +17,7 @@ import torch
 import yaml
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState
+from conftest import kill_after_saving
 
 from scratchbert import ScratchBertConfig, ScratchBertForPreTraining
 from scratchbert.training import checkpoint as ckpt
@@ -248,25 +249,10 @@ def test_damaged_checkpoint_is_reported(tmp_path):
 # --- the loop ----------------------------------------------------------------------------
 
 
-class Preempted(Exception):
-    """Stands for the process being killed."""
-
-
 def test_stopped_and_resumed_run_ends_with_identical_weights(finished_run, tiny_config, tmp_path, monkeypatch):
     output_dir = tmp_path / "interrupted"
     config = tiny_config(output_dir, gradient_accumulation_steps=2)
-    real_save = ckpt.save_checkpoint
-
-    def save_then_die(accelerator, out, step, state, keep_last):
-        path = real_save(accelerator, out, step, state, keep_last)
-        if step == 6:  # 12 micro-batches in: past the first epoch, in the middle of the second
-            raise Preempted
-        return path
-
-    monkeypatch.setattr(ckpt, "save_checkpoint", save_then_die)
-    with pytest.raises(Preempted):
-        pretrain(config)
-    monkeypatch.undo()
+    kill_after_saving(monkeypatch, 6, lambda: pretrain(config))  # 12 micro-batches in: past the first epoch, in the middle of the second
     state = ckpt.read_trainer_state(ckpt.list_checkpoints(output_dir)[-1][1])
     assert state["step"] == 6 and state["epoch"] >= 1 and state["batches_in_epoch"] > 0  # really mid-epoch
     assert not (output_dir / "model.safetensors").exists()
@@ -547,18 +533,7 @@ def test_long_phase_trains_the_positions_past_max_seq_length_and_resumes_exactly
     for kill_at in (2, 6):  # before and after the switch
         AcceleratorState._reset_state(reset_partial_state=True)
         output_dir = tmp_path / f"killed-{kill_at}"
-        real_save = ckpt.save_checkpoint
-
-        def save_then_die(accelerator, out, step, state, keep_last, kill_at=kill_at):
-            path = real_save(accelerator, out, step, state, keep_last)
-            if step == kill_at:
-                raise Preempted
-            return path
-
-        monkeypatch.setattr(ckpt, "save_checkpoint", save_then_die)
-        with pytest.raises(Preempted):
-            pretrain(tiny_config(output_dir, **long))
-        monkeypatch.setattr(ckpt, "save_checkpoint", real_save)
+        kill_after_saving(monkeypatch, kill_at, lambda output_dir=output_dir: pretrain(tiny_config(output_dir, **long)))
         assert ckpt.read_trainer_state(ckpt.list_checkpoints(output_dir)[-1][1])["phase"] == (kill_at > 4)
         AcceleratorState._reset_state(reset_partial_state=True)
         pretrain(tiny_config(output_dir, **long, resume=True))

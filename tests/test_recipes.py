@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 from accelerate.state import AcceleratorState
+from conftest import kill_after_saving
 
 from scratchbert.errors import ScratchBertError
 from scratchbert.training import checkpoint as ckpt
@@ -329,10 +330,6 @@ def test_time_budget_with_max_steps_stops_at_whichever_comes_first(topic_corpus,
     assert read_log(output_dir)[-1]["step"] == 12
 
 
-class Preempted(Exception):
-    pass
-
-
 def test_budgeted_run_resumes_on_the_same_schedule(topic_corpus, topic_tokenizer, tmp_path, monkeypatch):
     options = {"time_budget": 0.4, "save_every": 8, "log_every": 1}
     reference = tmp_path / "reference"
@@ -340,18 +337,7 @@ def test_budgeted_run_resumes_on_the_same_schedule(topic_corpus, topic_tokenizer
 
     AcceleratorState._reset_state(reset_partial_state=True)
     interrupted = tmp_path / "interrupted"
-    real_save = ckpt.save_checkpoint
-
-    def save_then_die(accelerator, out, step, state, keep_last):
-        path = real_save(accelerator, out, step, state, keep_last)
-        if step == 16:
-            raise Preempted
-        return path
-
-    monkeypatch.setattr(ckpt, "save_checkpoint", save_then_die)
-    with pytest.raises(Preempted):
-        budget_run(run_config(interrupted, topic_corpus, topic_tokenizer, **options), FakeTime())
-    monkeypatch.undo()
+    kill_after_saving(monkeypatch, 16, lambda: budget_run(run_config(interrupted, topic_corpus, topic_tokenizer, **options), FakeTime()))
     assert ckpt.read_trainer_state(ckpt.list_checkpoints(interrupted)[-1][1])["training_seconds"] == 16.0
 
     AcceleratorState._reset_state(reset_partial_state=True)

@@ -11,6 +11,7 @@ import datasets
 import pytest
 import torch
 from accelerate.state import AcceleratorState
+from conftest import kill_after_saving
 
 from scratchbert.ingestion import default_corpus_documents
 from scratchbert.training import checkpoint as ckpt
@@ -99,10 +100,6 @@ def streamed_config(corpus_file, tokenizer_dir, output_dir, **overrides) -> Pret
     return PretrainConfig(**{**values, **overrides})
 
 
-class Preempted(Exception):
-    """Stands for the process being killed."""
-
-
 def test_a_streamed_run_stopped_and_resumed_ends_with_the_uninterrupted_runs_weights(corpus_file, tokenizer_dir, tmp_path, monkeypatch):
     from safetensors.torch import load_file
 
@@ -111,18 +108,7 @@ def test_a_streamed_run_stopped_and_resumed_ends_with_the_uninterrupted_runs_wei
     AcceleratorState._reset_state(reset_partial_state=True)
 
     output_dir = tmp_path / "interrupted"
-    real_save = ckpt.save_checkpoint
-
-    def save_then_die(accelerator, out, step, state, keep_last):
-        path = real_save(accelerator, out, step, state, keep_last)
-        if step == 8:
-            raise Preempted
-        return path
-
-    monkeypatch.setattr(ckpt, "save_checkpoint", save_then_die)
-    with pytest.raises(Preempted):
-        pretrain(streamed_config(corpus_file, tokenizer_dir, output_dir, gradient_accumulation_steps=2))
-    monkeypatch.setattr(ckpt, "save_checkpoint", real_save)
+    kill_after_saving(monkeypatch, 8, lambda: pretrain(streamed_config(corpus_file, tokenizer_dir, output_dir, gradient_accumulation_steps=2)))
     state = ckpt.read_trainer_state(ckpt.list_checkpoints(output_dir)[-1][1])
     (stream_state,) = state["streams"]
     assert state["step"] == 8 and stream_state["epoch"] >= 1  # the stream wrapped: 16 batches of a shorter epoch
