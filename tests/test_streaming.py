@@ -123,7 +123,7 @@ def test_a_streamed_run_stopped_and_resumed_ends_with_the_uninterrupted_runs_wei
     assert losses(output_dir) == losses(tmp_path / "full")
 
 
-def test_a_streamed_run_trains_its_tokenizer_on_the_first_text_and_learns(corpus_file, tmp_path):
+def test_a_streamed_run_trains_its_tokenizer_on_the_first_text_and_learns(corpus_file, tmp_path, capfd):
     result = pretrain(streamed_config(corpus_file, None, tmp_path / "run", tokenizer=None, vocab_size=300, max_steps=30, learning_rate=5e-3))
     records = [json.loads(line) for line in (tmp_path / "run" / "train_log.jsonl").read_text().splitlines()]
     start = records[0]
@@ -132,6 +132,7 @@ def test_a_streamed_run_trains_its_tokenizer_on_the_first_text_and_learns(corpus
     assert sum(train[-5:]) / 5 < sum(train[:5]) / 5 - 0.3, train
     assert result.eval_metrics["mlm_accuracy"] > 0
     assert (tmp_path / "run" / "tokenizer" / "tokenizer.json").is_file()
+    assert "%|" not in capfd.readouterr().err  # progress_bar=False from Python: no bar of datasets' or transformers' either
 
 
 def test_streaming_is_fixed_for_the_run_and_an_empty_share_is_an_error(corpus_file, tokenizer_dir, tmp_path):

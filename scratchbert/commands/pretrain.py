@@ -13,7 +13,6 @@ from accelerate import PartialState
 
 from scratchbert.training.config import PretrainConfig
 from scratchbert.training.config_file import add_config_arguments, format_sources, resolve_args
-from scratchbert.training.data import progress_bars
 from scratchbert.training.prepared import read_manifest
 from scratchbert.training.pretrain import DEMO_SENTENCES, pretrain, print_fill_mask
 
@@ -52,8 +51,7 @@ def run(args: argparse.Namespace) -> int:
     if args.print_config:
         print(format_sources(config, sources))
         return 0
-    with progress_bars(config.progress_bar):  # --no-progress-bar: datasets' and transformers' bars too
-        result = pretrain(config)
+    result = pretrain(config)  # --no-progress-bar silences datasets' and transformers' bars too
     sentences = args.fill_mask
     if sentences is None:  # the demo's sentences suit the embedded corpus only
         sentences = DEMO_SENTENCES if not (config.train_files or config.dataset or config.prepared_data) else ()

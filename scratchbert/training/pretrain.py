@@ -59,6 +59,7 @@ from scratchbert.training.accelerator import build_accelerator
 from scratchbert.training.collator import SeededCollator
 from scratchbert.training.config import PretrainConfig
 from scratchbert.training.corpus import build_data, build_long_dataset, check_vocabulary, make_dataloaders, make_long_loader
+from scratchbert.training.data import progress_bars
 from scratchbert.training.evaluation import evaluate, weight_checksum
 from scratchbert.training.output_folder import CURVES_FILE, LOG_FILE, check_output_dir, prepare_output_dir, save_final_model
 from scratchbert.training.prepared import load_prepared
@@ -423,11 +424,12 @@ def pretrain(config: PretrainConfig, model_class=None, config_class=None, timer=
     `timer` is the clock a `--time-budget` is measured on (tests pass one of their own).
     """
     started, cpu_started = time.perf_counter(), time.process_time()
-    run, resume_state = setup(config, model_class, config_class)
-    resume(run, resume_state)
-    run.setup_seconds = time.perf_counter() - started
-    log = train(run, timer)
-    return finish(run, log, started, cpu_started)
+    with progress_bars(config.progress_bar):  # progress_bar=False silences datasets' and transformers' bars too
+        run, resume_state = setup(config, model_class, config_class)
+        resume(run, resume_state)
+        run.setup_seconds = time.perf_counter() - started
+        log = train(run, timer)
+        return finish(run, log, started, cpu_started)
 
 
 def _announce(run: Run, log: RunLog) -> None:
