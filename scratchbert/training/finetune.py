@@ -10,12 +10,14 @@ tokenizer) into a text classifier, in five steps that each have a function here:
    `encode_labels`
 3. `load_sequence_classifier`  load the checkpoint into `ScratchBertForSequenceClassification`
                             (scratchbert keeps BERT's state-dict names, so transformers BERT
-                            checkpoints load too), checking the size of an existing head.
+                            checkpoints load too), checking the size of an existing head;
+                            its pooling ([CLS] or the mean of the tokens) from
+                            `classifier_pooling_of`.
 4. `make_trainer`           a `Trainer` with `processing_class=tokenizer` and dynamic padding,
                             correct under gradient accumulation (see there).
 5. `finetune(FinetuneConfig)`  fit the learning rate and epochs not given to the model and
-                            the data (`fitted_schedule`), train with evaluation each epoch,
-                            keep the best epoch, say so when it gives (nearly) every example
+                            the data (`fitted_schedule`), train with evaluation each epoch
+                            (stopping early when asked), keep the best epoch, say so when it gives (nearly) every example
                             one class (`report_collapse`), save model + tokenizer + metrics.
                             (`finetune_text_classification(checkpoint, out, **options)` is the
                             same with the options as keyword arguments; `scratchbert finetune`
@@ -77,7 +79,7 @@ DEFAULT_MIN_STEPS = 300
 # checkpoint's trained head keeps the pooling it was trained with.
 POOLING_BY_WIDTH = ((128, "mean"), (math.inf, "cls"))
 # Evaluations without a better `best_metric` before training stops; None: every epoch runs
-# (patience 2 stopped small models on the one-class plateau of their first epochs, DOCS).
+# (patience 2 saved a third to a half of the steps at accuracy within the noise: time only, DOCS).
 DEFAULT_EARLY_STOPPING_PATIENCE = None
 # A classifier that gives this share (or more) of the examples one class, where the labels are
 # more spread than that, has learned the class balance instead of the task: it is reported.
