@@ -450,14 +450,17 @@ def _announce(run: Run, log: RunLog) -> None:
         length = f"{config.max_steps} steps"
     else:
         length = f"{config.time_budget:g} minutes" + (f" (at most {config.max_steps} steps)" if config.max_steps else "")
-    if config.long_phase:
-        length += f", the last {config.long_phase:.0%} on examples of {config.long_seq_length or config.max_position_embeddings} tokens"
+    long_phase = (
+        f"; the last {config.long_phase:.0%} on examples of {config.long_seq_length or config.max_position_embeddings} tokens"
+        if config.long_phase
+        else ""
+    )
     accelerator.print(
         f"pretraining a {config.preset} BERT (L={config.num_hidden_layers}, H={config.hidden_size}, "
         f"{parameters / 1e6:.1f}M parameters, vocabulary {len(run.tokenizer)}) with the "
         f"{config.recipe} recipe ({'MLM + NSP' if config.nsp else 'MLM'} on {config.packing}, "
         f"{config.mlm_probability:.0%} masking, learning rate {config.learning_rate:g}) on {examples} "
-        f"({run.eval_examples} held out), {accelerator.num_processes} process(es), {length} of {examples_per_step} examples"
+        f"({run.eval_examples} held out), {accelerator.num_processes} process(es), {length} of {examples_per_step} examples{long_phase}"
     )
 
 
