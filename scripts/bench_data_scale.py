@@ -219,7 +219,7 @@ def pretrain_runs(work: Path, sizes: list[float]) -> None:
             print(
                 f"| {info['megabytes']:,.0f} | {info['documents']:,} | {arm} | {start['setup_seconds']:.1f} | {result['seconds']:.0f} | "
                 f"{result['rss_main']:.2f} / {result['rss_tree']:.2f} | {result['anon_main']:.2f} / {result['anon_tree']:.2f} | "
-                f"{start['train_examples'] or 'a stream'} |",
+                f"{'a stream' if start['train_examples'] is None else format(start['train_examples'], ',')} |",
                 flush=True,
             )
 
