@@ -683,3 +683,21 @@ def test_epoch_permutation_hands_out_every_example_once_in_a_seeded_order():
     second = list(sampler)
     assert sorted(second) == list(range(10_000)) and second != first
     assert all(type(index) is int for index in second[:5])
+
+
+def test_a_tokenizer_that_pads_and_truncates_still_tokenizes_whole_documents(minilm_dir):
+    """A tokenizer.json may switch padding and truncation on in the Rust tokenizer (all-MiniLM's does:
+    128 tokens); the documents must come out whole and unpadded all the same, on either path."""
+    from transformers import BertTokenizer
+
+    documents = [document for document in default_corpus_documents()[:12]]
+    clean = BertTokenizer.from_pretrained(minilm_dir)
+    expected = [clean(d, add_special_tokens=False)["input_ids"] for d in documents]
+    assert max(map(len, expected)) > 128
+    for sentences in (False, True):
+        padded = BertTokenizer.from_pretrained(minilm_dir)
+        padded.backend_tokenizer.enable_truncation(max_length=16)
+        padded.backend_tokenizer.enable_padding(pad_id=padded.pad_token_id, length=40)
+        tokenized = tokenize_documents(documents, padded, sentences=sentences, batch_size=4)["sentences"]
+        assert [[i for ids in doc for i in ids] for doc in tokenized] == expected
+
