@@ -109,3 +109,12 @@ def kill_after_saving(monkeypatch, step: int, run) -> None:
             run()
     finally:
         monkeypatch.setattr(ckpt, "save_checkpoint", real_save)
+
+
+def saved_tokenizer(tmp_path_factory, corpus_file: Path, vocab_size: int, name: str = "tokenizer") -> Path:
+    """A WordPiece tokenizer trained on `corpus_file` and saved in a fresh folder, for runs that share it."""
+    from scratchbert.tokenization import train_tokenizer
+
+    path = tmp_path_factory.mktemp(name)
+    train_tokenizer([str(corpus_file)], vocab_size=vocab_size, show_progress=False).save_pretrained(path)
+    return path

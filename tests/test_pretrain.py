@@ -17,7 +17,7 @@ import torch
 import yaml
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState
-from conftest import kill_after_saving
+from conftest import kill_after_saving, saved_tokenizer
 
 from scratchbert import ScratchBertConfig, ScratchBertForPreTraining
 from scratchbert.training import checkpoint as ckpt
@@ -73,11 +73,7 @@ def corpus_file(tmp_path_factory) -> Path:
 def tokenizer_dir(tmp_path_factory, corpus_file) -> Path:
     """One tokenizer for all runs: WordPiece training breaks ties differently from one process to
     the next, and runs that must match exactly need the same vocabulary."""
-    from scratchbert.tokenization import train_tokenizer
-
-    path = tmp_path_factory.mktemp("tokenizer")
-    train_tokenizer([str(corpus_file)], vocab_size=400, show_progress=False).save_pretrained(path)
-    return path
+    return saved_tokenizer(tmp_path_factory, corpus_file, vocab_size=400)
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 from accelerate.state import AcceleratorState
-from conftest import kill_after_saving
+from conftest import kill_after_saving, saved_tokenizer
 
 from scratchbert.errors import ScratchBertError
 from scratchbert.training import checkpoint as ckpt
@@ -76,11 +76,7 @@ def topic_corpus(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def topic_tokenizer(tmp_path_factory, topic_corpus) -> Path:
-    from scratchbert.tokenization import train_tokenizer
-
-    path = tmp_path_factory.mktemp("topic-tokenizer")
-    train_tokenizer([str(topic_corpus)], vocab_size=200, show_progress=False).save_pretrained(path)
-    return path
+    return saved_tokenizer(tmp_path_factory, topic_corpus, vocab_size=200, name="topic-tokenizer")
 
 
 def run_config(output_dir: Path, corpus: Path, tokenizer: Path, **overrides) -> PretrainConfig:

@@ -11,7 +11,7 @@ import datasets
 import pytest
 import torch
 from accelerate.state import AcceleratorState
-from conftest import kill_after_saving
+from conftest import kill_after_saving, saved_tokenizer
 
 from scratchbert.ingestion import default_corpus_documents
 from scratchbert.training import checkpoint as ckpt
@@ -83,11 +83,7 @@ def corpus_file(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def tokenizer_dir(tmp_path_factory, corpus_file) -> Path:
-    from scratchbert.tokenization import train_tokenizer
-
-    path = tmp_path_factory.mktemp("stream-tokenizer")
-    train_tokenizer([str(corpus_file)], vocab_size=400, show_progress=False).save_pretrained(path)
-    return path
+    return saved_tokenizer(tmp_path_factory, corpus_file, vocab_size=400, name="stream-tokenizer")
 
 
 def streamed_config(corpus_file, tokenizer_dir, output_dir, **overrides) -> PretrainConfig:
