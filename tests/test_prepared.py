@@ -63,6 +63,7 @@ def test_prepared_data_errors_name_the_problem_and_the_fix(corpus_file, tmp_path
     assert "max_seq_length: prepared 32, this run 48" in error([*run, "--prepared-data", str(prepared), "--max-seq-length", "48"])
     assert "leave out --train-files" in error([*run, "--prepared-data", str(prepared), "--train-files", str(corpus_file)])
     assert "keeps none" in error(["prepare-data", "--train-files", str(corpus_file), "--streaming", "--output-dir", str(tmp_path / "p2")])
+    assert "does not keep --long-phase" in error(["prepare-data", "--train-files", str(corpus_file), "--max-seq-length", "32", "--long-phase", "0.1", "--output-dir", str(tmp_path / "p3")])
     (prepared / "prepared.json").write_text("{ not json", encoding="utf-8")
     assert "damaged" in error([*run, "--prepared-data", str(prepared)])
     assert "not a prepared-data folder" in error([*run, "--prepared-data", str(corpus_file.parent)])

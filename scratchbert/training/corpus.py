@@ -128,7 +128,7 @@ def load_or_train_tokenizer(config: PretrainConfig, accelerator: Accelerator, re
 
 
 def build_data(config: PretrainConfig, accelerator: Accelerator, resuming: bool = False):
-    """(tokenizer, training examples, held-out examples) from the corpus, as the config says.
+    """(tokenizer, training examples, held-out examples, --long-phase examples or None) from the corpus.
 
     Files and datasets: examples in datasets' cache (`build_datasets`; the main process builds,
     the others then read its cache). --streaming: a stream of training examples and a small
@@ -138,16 +138,17 @@ def build_data(config: PretrainConfig, accelerator: Accelerator, resuming: bool 
         rank, processes = accelerator.process_index, accelerator.num_processes
         train_docs, eval_docs = streaming.split_stream(load_corpus(config), config.eval_fraction, rank, processes)
         tokenizer = load_or_train_tokenizer(config, accelerator, resuming, lambda: streaming.first_texts(train_docs))
-        return tokenizer, *build_stream_datasets(config, tokenizer, train_docs, eval_docs)
+        return tokenizer, *build_stream_datasets(config, tokenizer, train_docs, eval_docs), None
     train_docs, eval_docs = split_documents(load_corpus(config), config.eval_fraction, config.seed)
     tokenizer = load_or_train_tokenizer(config, accelerator, resuming, lambda: train_docs)
     with accelerator.main_process_first():
-        return tokenizer, *build_datasets(config, tokenizer, train_docs, eval_docs)
+        train_dataset, eval_dataset = build_datasets(config, tokenizer, train_docs, eval_docs)
+    long_dataset = build_long_dataset(config, tokenizer, train_docs, accelerator) if config.long_phase else None
+    return tokenizer, train_dataset, eval_dataset, long_dataset
 
 
-def build_long_dataset(config: PretrainConfig, tokenizer, accelerator: Accelerator):
+def build_long_dataset(config: PretrainConfig, tokenizer, train_docs, accelerator: Accelerator):
     """--long-phase: the training documents' examples at --long-seq-length (the tokens come from the cache)."""
-    train_docs, _ = split_documents(load_corpus(config), config.eval_fraction, config.seed)
     long_length = config.long_seq_length or config.max_position_embeddings
     with accelerator.main_process_first(), progress_bars(_show_progress(config)):
         tokenized = tokenize_documents(train_docs, tokenizer, num_proc=config.num_proc, sentences=config.packing != "full-sentences")

@@ -118,11 +118,13 @@ def prepare_data(config: PretrainConfig) -> Path:
 
     if config.streaming:
         raise ScratchBertError("prepare-data keeps the examples it builds; --streaming keeps none. Leave out one of them.")
+    if config.long_phase:
+        raise ScratchBertError("prepare-data does not keep --long-phase examples (a run on prepared data has no long phase): leave it out.")
     folder = Path(config.output_dir)
     if folder.exists() and any(folder.iterdir()) and not config.overwrite:
         raise ScratchBertError(f"{folder} is not empty: choose another --output-dir, or pass --overwrite to replace it.")
     accelerator = Accelerator(cpu=True)
-    tokenizer, train_dataset, eval_dataset = build_data(config, accelerator)
+    tokenizer, train_dataset, eval_dataset, _ = build_data(config, accelerator)
     if accelerator.is_main_process:
         save_prepared(folder, config, tokenizer, train_dataset, eval_dataset)
     accelerator.wait_for_everyone()

@@ -58,7 +58,7 @@ from scratchbert.training import checkpoint as ckpt
 from scratchbert.training.accelerator import build_accelerator
 from scratchbert.training.collator import SeededCollator
 from scratchbert.training.config import PretrainConfig
-from scratchbert.training.corpus import build_data, build_long_dataset, check_vocabulary, make_dataloaders, make_long_loader
+from scratchbert.training.corpus import build_data, check_vocabulary, make_dataloaders, make_long_loader
 from scratchbert.training.data import progress_bars
 from scratchbert.training.evaluation import evaluate, weight_checksum
 from scratchbert.training.output_folder import CURVES_FILE, LOG_FILE, check_output_dir, prepare_output_dir, save_final_model
@@ -204,12 +204,13 @@ def setup(config: PretrainConfig, model_class=None, config_class=None) -> tuple[
     # The data, start to finish, while nothing has been written: a bad corpus fails here.
     if config.prepared_data:  # built ahead by `scratchbert prepare-data`: prepared.py
         tokenizer, train_dataset, eval_dataset = load_prepared(config.prepared_data, config)
+        long_dataset = None  # --long-phase is refused with prepared data (config.validate)
     else:
-        tokenizer, train_dataset, eval_dataset = build_data(config, accelerator, resuming=resume_state is not None)
+        tokenizer, train_dataset, eval_dataset, long_dataset = build_data(config, accelerator, resuming=resume_state is not None)
     train_loader, eval_loader, train_collate = make_dataloaders(config, tokenizer, train_dataset, eval_dataset, accelerator)
     long_loader = long_collate = None
-    if config.long_phase:
-        long_loader, long_collate = make_long_loader(config, tokenizer, build_long_dataset(config, tokenizer, accelerator))
+    if long_dataset is not None:
+        long_loader, long_collate = make_long_loader(config, tokenizer, long_dataset)
 
     # The model's vocabulary: the checkpoint's when resuming, --vocab-size when given with
     # --tokenizer, else the tokenizer's own size (a trained one may come out smaller than asked).
