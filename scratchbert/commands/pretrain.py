@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     if sentences is None:  # the demo's sentences suit the embedded corpus only
         sentences = DEMO_SENTENCES if not (config.train_files or config.dataset or config.prepared_data) else ()
     if sentences and PartialState().is_main_process:
-        print_fill_mask(result.output_dir, sentences)
+        print_fill_mask(result.masked_lm_dir, sentences, generator=config.objective == "electra")
     return 0
 
 

@@ -25,6 +25,8 @@ The model's geometry is checked by `ScratchBertConfig`, the model's own configur
 defaults (tiny, the packed recipe, 4000 steps of 32 examples of 64 tokens) are the
 no-argument demo (docs/pretraining.md). `--time-budget MINUTES` trains for a length of time
 instead of a number of steps, with the learning-rate schedule on elapsed time.
+`--objective electra` trains ELECTRA's replaced-token detection instead of masked-language
+modelling (`electra.py`); the default, `mlm`, is BERT's.
 
 Saved configurations carry `config_version` (`PretrainConfig.VERSION`); `upgrade_saved_config`
 reads older ones as what they trained.
@@ -53,6 +55,7 @@ HEAD_DIM = 64  # every released BERT uses 64-dimensional attention heads
 MIXED_PRECISION_CHOICES = ("no", "bf16", "fp16")
 DEFAULT_VOCAB_SIZE = 4096  # the embedded corpus has ~65k words; BERT's English vocabularies have ~30k
 PACKINGS = ("full-sentences", "sentence-pairs")
+OBJECTIVES = ("mlm", "electra")
 POSITION_INITS = ("normal", "sinusoidal")
 DOCS = "docs/pretraining.md"  # what was measured, and why the defaults are what they are
 
@@ -222,6 +225,21 @@ class TrainingArguments:
         },
     )
     nsp: bool | None = field(default=None, metadata={"help": "train next-sentence prediction (needs --packing sentence-pairs; default: from the recipe)"})
+    objective: str = field(
+        default="mlm",
+        metadata={
+            "choices": OBJECTIVES,
+            "help": "mlm (BERT's masked-language model) or electra (Clark et al. 2020: a small generator fills the masks, "
+            "the model learns to tell which tokens were replaced; the discriminator is saved, the generator in "
+            "generator/; not yet measured here: docs/pretrain-command.md)",
+        },
+    )
+    generator_layers: int | None = field(
+        default=None, metadata={"help": "electra: layers of the generator, of the model's width (default: a quarter of --num-hidden-layers, at least 1)"}
+    )
+    discriminator_weight: float = field(
+        default=50.0, metadata={"help": "electra: weight of the replaced-token-detection loss against the generator's MLM loss (the paper's lambda)"}
+    )
     max_steps: int | None = field(
         default=None,
         metadata=_resumable(f"optimizer steps to train for (default: {DEFAULT_MAX_STEPS}; with --time-budget: no limit)"),
@@ -263,7 +281,7 @@ class PretrainConfig(TrainingArguments, DataArguments, ModelArguments, ConfigFil
     """Everything a pretraining run needs; see the module docstring for how it is layered."""
 
     JOB = "pretraining"
-    VERSION = 3  # 1: saves without a version (before `config_version`); 3: streaming, prepared data, long phase
+    VERSION = 4  # 1: saves without a version (before `config_version`); 3: streaming, prepared data, long phase; 4: objective
 
     def __post_init__(self) -> None:
         for name, (_, value) in self.unset_values().items():
@@ -276,11 +294,13 @@ class PretrainConfig(TrainingArguments, DataArguments, ModelArguments, ConfigFil
     def unset_values(self) -> dict[str, tuple[str, object]]:
         """For each option that defaults to None, the layer that fills it when it is unset and its value there."""
         hidden = self.hidden_size or preset_geometry(self.preset)["hidden_size"]
+        depth = self.num_hidden_layers or preset_geometry(self.preset)["num_hidden_layers"]
         layers = {
             "default": {
                 "max_steps": DEFAULT_MAX_STEPS if self.time_budget is None else None,
                 "num_proc": available_cores(),
                 "output_dir": str(Path("runs") / self.preset),
+                "generator_layers": max(1, depth // 4) if self.objective == "electra" else None,
             },
             "preset": {**preset_geometry(self.preset), "hidden_size": hidden, **_derived_sizes(hidden)},
             "recipe": recipe_values(self.recipe, self.preset),
@@ -312,11 +332,14 @@ class PretrainConfig(TrainingArguments, DataArguments, ModelArguments, ConfigFil
             )
         check_max_seq_length(self.max_seq_length)
         self._validate_long_phase()
+        self._validate_electra()
         if self.time_budget is not None and (
             isinstance(self.time_budget, bool) or not isinstance(self.time_budget, (int, float)) or not 0 < self.time_budget < float("inf")
         ):
             raise ScratchBertError(f"time_budget={self.time_budget!r}: it must be a positive number of minutes (e.g. --time-budget 60).")
-        for name, choices in (("position_init", POSITION_INITS), ("packing", PACKINGS), ("mixed_precision", MIXED_PRECISION_CHOICES)):
+        for name, choices in (
+            ("position_init", POSITION_INITS), ("packing", PACKINGS), ("mixed_precision", MIXED_PRECISION_CHOICES), ("objective", OBJECTIVES)
+        ):  # fmt: skip
             if getattr(self, name) not in choices:
                 raise ScratchBertError(f"{name}={getattr(self, name)!r}: choose one of {', '.join(choices)}.")
         if self.nsp and self.packing == "full-sentences":
@@ -338,6 +361,22 @@ class PretrainConfig(TrainingArguments, DataArguments, ModelArguments, ConfigFil
             raise ScratchBertError("give either --train-files or --dataset, not both.")
         if self.resume and self.overwrite:
             raise ScratchBertError("--resume and --overwrite contradict each other: pick one.")
+
+    def _validate_electra(self) -> None:
+        if self.objective == "electra" and self.nsp:
+            raise ScratchBertError(
+                "--objective electra with NSP: next-sentence prediction is not part of ELECTRA, whose discriminator "
+                "learns from replaced tokens alone. Use --recipe packed (the default), or add --no-nsp."
+            )
+        layers = self.generator_layers
+        if layers is not None and (isinstance(layers, bool) or not isinstance(layers, int) or not 1 <= layers <= self.num_hidden_layers):
+            raise ScratchBertError(
+                f"generator_layers={layers!r}: the generator needs 1 to num_hidden_layers={self.num_hidden_layers} layers "
+                "(ELECTRA's generator is smaller than its discriminator). Set --generator-layers in that range."
+            )
+        weight = self.discriminator_weight
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 < weight < float("inf"):
+            raise ScratchBertError(f"discriminator_weight={weight!r}: it must be a positive number (the paper's is 50). Set --discriminator-weight.")
 
     def _validate_long_phase(self) -> None:
         if not 0.0 <= self.long_phase < 1.0:
@@ -386,7 +425,10 @@ _VERSION_1_VALUES = {
 
 
 # Options added by a later version, with the value every run saved before it trained with.
-_ADDED_IN_VERSION = {3: {"streaming": False, "prepared_data": None, "long_phase": 0.0, "long_seq_length": None}}
+_ADDED_IN_VERSION = {
+    3: {"streaming": False, "prepared_data": None, "long_phase": 0.0, "long_seq_length": None},
+    4: {"objective": "mlm", "generator_layers": None, "discriminator_weight": 50.0},
+}
 
 
 def _with_added_options(values: dict, version: int) -> dict:
@@ -432,6 +474,7 @@ def upgrade_saved_config(values: dict) -> dict:
 __all__ = [
     "DataArguments",
     "ModelArguments",
+    "OBJECTIVES",
     "PRESETS",
     "PretrainConfig",
     "RECIPES",

@@ -2,6 +2,12 @@
 
 The MLM head runs only where a label is (the model's sparse MLM logits: `labelled_tokens`, then
 `mlm_logits`), so evaluation costs (N, V) scores instead of (B, S, V).
+
+An ELECTRA model (`electra.py`) reports its generator's MLM figures under the same names, plus
+`rtd_accuracy` (the discriminator's replaced-token detection over real tokens) and
+`replaced_fraction` (the share of real tokens the generator's samples changed). Its samples come
+from a generator seeded afresh at every evaluation: the figures are deterministic, and the
+training run's random stream is left untouched.
 """
 
 from __future__ import annotations
@@ -14,8 +20,12 @@ from accelerate import Accelerator
 
 from scratchbert.bert_padding import labelled_tokens
 from scratchbert.modeling_scratchbert import IGNORE_INDEX
+from scratchbert.training.electra import ElectraForPretraining
 
 EVAL_MLM_PROBABILITY = 0.15  # held-out MLM accuracy is always measured at BERT's masking rate
+EVAL_SAMPLING_SEED = 0  # ELECTRA: the generator's samples during evaluation
+# The per-example columns that `_per_example_counts` returns, in order.
+COUNTS = ("mlm_loss_sum", "masked", "mlm_correct", "nsp_correct", "examples", "real_tokens", "rtd_correct", "replaced")
 
 
 @torch.no_grad()
@@ -27,44 +37,69 @@ def evaluate(model, eval_loader, accelerator: Accelerator) -> dict:
     """
     model.eval()
     unwrapped = accelerator.unwrap_model(model)
-    totals = torch.zeros(5, dtype=torch.float64, device=accelerator.device)
+    electra = isinstance(unwrapped, ElectraForPretraining)
+    sampling = torch.Generator(device=accelerator.device).manual_seed(EVAL_SAMPLING_SEED) if electra else None
+    totals = torch.zeros(len(COUNTS), dtype=torch.float64, device=accelerator.device)
     has_nsp = False
     for batch in eval_loader:
         labels = batch["labels"]
         has_nsp = "next_sentence_label" in batch
         inputs = {name: batch[name] for name in ("input_ids", "attention_mask", "token_type_ids")}
+        rtd = None
         with accelerator.autocast():
-            encoded = unwrapped.base_model(**inputs)
-            hidden, targets = labelled_tokens(encoded.last_hidden_state, labels, IGNORE_INDEX)  # (N, H), (N,)
-            logits = unwrapped.mlm_logits(hidden, None)[0].float()  # (N, V): in eval mode the head scores what it is given
+            if electra:
+                output = unwrapped(**inputs, labels=labels, sampling_generator=sampling)
+                logits, rtd = output.generator_logits.float(), (output.discriminator_logits, output.replaced)  # (N, V); (B, S) each
+                targets = labels[labels != IGNORE_INDEX]  # (N,), row-major as the logits
+            else:
+                encoded = unwrapped.base_model(**inputs)
+                hidden, targets = labelled_tokens(encoded.last_hidden_state, labels, IGNORE_INDEX)  # (N, H), (N,)
+                logits = unwrapped.mlm_logits(hidden, None)[0].float()  # (N, V): in eval mode the head scores what it is given
             nsp_logits = unwrapped.cls.seq_relationship(encoded.pooler_output) if has_nsp else None  # (B, 2)
-        per_example = _per_example_counts(labels, logits, targets, nsp_logits, batch.get("next_sentence_label"))
+        per_example = _per_example_counts(labels, logits, targets, nsp_logits, batch.get("next_sentence_label"), batch["attention_mask"], rtd)
         totals += accelerator.gather_for_metrics(per_example).sum(dim=0)
     model.train()
-    loss_sum, n_masked, n_correct, nsp_correct, n_examples = totals.tolist()
-    mlm_loss = loss_sum / max(n_masked, 1.0)
+    total = dict(zip(COUNTS, totals.tolist()))
+    n_masked = max(total["masked"], 1.0)
+    mlm_loss = total["mlm_loss_sum"] / n_masked
     metrics = {
         "mlm_loss": mlm_loss,
-        "mlm_accuracy": n_correct / max(n_masked, 1.0),
+        "mlm_accuracy": total["mlm_correct"] / n_masked,
         "perplexity": math.exp(min(mlm_loss, 50.0)),
-        "eval_examples": int(n_examples),
-        "eval_masked_tokens": int(n_masked),
+        "eval_examples": int(total["examples"]),
+        "eval_masked_tokens": int(total["masked"]),
     }
     if has_nsp:
-        metrics["nsp_accuracy"] = nsp_correct / max(n_examples, 1.0)
+        metrics["nsp_accuracy"] = total["nsp_correct"] / max(total["examples"], 1.0)
+    if electra:
+        metrics["rtd_accuracy"] = total["rtd_correct"] / max(total["real_tokens"], 1.0)
+        metrics["replaced_fraction"] = total["replaced"] / max(total["real_tokens"], 1.0)
     return metrics
 
 
-def _per_example_counts(labels, logits, targets, nsp_logits, nsp_labels) -> torch.Tensor:
-    """(B, 5) per example: MLM loss sum, masked tokens, correct tokens, NSP correct, 1 (the example)."""
+def _per_example_counts(labels, logits, targets, nsp_logits, nsp_labels, attention_mask, rtd) -> torch.Tensor:
+    """(B, len(COUNTS)) per example, the columns of `COUNTS`.
+
+    `rtd`: ELECTRA's discriminator logits and replaced-token targets, (B, S) each, or None
+    (then its three columns are 0).
+    """
     masked = labels != IGNORE_INDEX  # (B, S)
     row = torch.nonzero(masked)[:, 0]  # (N,) the example each scored token belongs to, row-major as `targets`
     token_loss = F.cross_entropy(logits, targets, reduction="none")  # (N,)
     hits = (logits.argmax(dim=-1) == targets).double()  # (N,)
     zeros = torch.zeros(labels.shape[0], dtype=torch.float64, device=labels.device)  # (B,)
     nsp_correct = (nsp_logits.argmax(dim=-1) == nsp_labels).double() if nsp_logits is not None else zeros
-    columns = [zeros.index_add(0, row, token_loss.double()), masked.sum(dim=1).double(), zeros.index_add(0, row, hits), nsp_correct]
-    return torch.stack([*columns, torch.ones_like(zeros)], dim=1)  # (B, 5)
+    real = attention_mask.bool()  # (B, S)
+    rtd_correct = replaced = zeros
+    if rtd is not None:
+        rtd_logits, rtd_targets = rtd
+        rtd_correct = (((rtd_logits > 0) == rtd_targets) & real).sum(dim=1).double()
+        replaced = (rtd_targets & real).sum(dim=1).double()
+    columns = [
+        zeros.index_add(0, row, token_loss.double()), masked.sum(dim=1).double(), zeros.index_add(0, row, hits), nsp_correct,
+        torch.ones_like(zeros), real.sum(dim=1).double(), rtd_correct, replaced,
+    ]  # fmt: skip
+    return torch.stack(columns, dim=1)  # (B, len(COUNTS))
 
 
 def weight_checksum(model: torch.nn.Module) -> float:

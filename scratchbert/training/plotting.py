@@ -13,10 +13,11 @@ def read_log(path: str | Path) -> list[dict]:
 
 
 def plot_training_curves(records: list[dict], path: str | Path, title: str = "scratchbert pretraining") -> Path:
-    """Draw training loss and held-out MLM loss / MLM accuracy / NSP accuracy (when trained) against steps.
+    """Draw training loss and held-out MLM loss / MLM accuracy / NSP or RTD accuracy (when trained) against steps.
 
     `records` are the log's dicts: `{"type": "train", "step", "loss"}` and
-    `{"type": "eval", "step", "mlm_loss", "mlm_accuracy", "nsp_accuracy"}`.
+    `{"type": "eval", "step", "mlm_loss", "mlm_accuracy", "nsp_accuracy"}`; an ELECTRA run's
+    evaluations carry its generator's MLM figures and `rtd_accuracy` instead of `nsp_accuracy`.
     """
     import matplotlib
 
@@ -27,10 +28,16 @@ def plot_training_curves(records: list[dict], path: str | Path, title: str = "sc
     evals = [r for r in records if r.get("type") == "eval"]
     figure, (loss_axis, accuracy_axis) = plt.subplots(1, 2, figsize=(11, 4))
     has_nsp = any("nsp_accuracy" in r for r in evals)
-    loss_axis.plot([r["step"] for r in train], [r["loss"] for r in train], label=f"train loss ({'MLM + NSP' if has_nsp else 'MLM'})")
+    has_rtd = any("rtd_accuracy" in r for r in evals)
+    objective = "generator MLM + weighted RTD" if has_rtd else "MLM + NSP" if has_nsp else "MLM"
+    mlm = "generator MLM" if has_rtd else "MLM"
+    loss_axis.plot([r["step"] for r in train], [r["loss"] for r in train], label=f"train loss ({objective})")
     if evals:
-        loss_axis.plot([r["step"] for r in evals], [r["mlm_loss"] for r in evals], "o-", label="held-out MLM loss")
-        accuracy_axis.plot([r["step"] for r in evals], [r["mlm_accuracy"] for r in evals], "o-", label="held-out MLM accuracy")
+        loss_axis.plot([r["step"] for r in evals], [r["mlm_loss"] for r in evals], "o-", label=f"held-out {mlm} loss")
+        accuracy_axis.plot([r["step"] for r in evals], [r["mlm_accuracy"] for r in evals], "o-", label=f"held-out {mlm} accuracy")
+    if has_rtd:
+        rtd = [r for r in evals if "rtd_accuracy" in r]
+        accuracy_axis.plot([r["step"] for r in rtd], [r["rtd_accuracy"] for r in rtd], "s-", label="held-out replaced-token detection accuracy")
     if has_nsp:
         nsp = [r for r in evals if "nsp_accuracy" in r]
         accuracy_axis.plot([r["step"] for r in nsp], [r["nsp_accuracy"] for r in nsp], "s-", label="held-out NSP accuracy")

@@ -12,7 +12,8 @@ One loop, the same on a laptop core or a cluster, written with Hugging Face Acce
                  and the example datasets (`corpus.py`) are built and checked *before* the output
                  folder is touched (a bad input never damages a finished run); then the folder is
                  prepared (`output_folder.py`), and the model (`ScratchBertForMaskedLM`, or with NSP
-                 `ScratchBertForPreTraining`), AdamW and the schedule (over steps or, with
+                 `ScratchBertForPreTraining`, or with `--objective electra` a generator and a
+                 discriminator: `electra.py`), AdamW and the schedule (over steps or, with
                  `--time-budget`, over elapsed training time: `schedules.py`) are made and `prepare`d.
                  The recipe (config.RECIPES) decides what the examples are: contiguous
                  text packed to full length (`packed`, the default) or NSP sentence pairs
@@ -60,6 +61,7 @@ from scratchbert.training.collator import SeededCollator
 from scratchbert.training.config import PretrainConfig
 from scratchbert.training.corpus import build_data, check_vocabulary, make_dataloaders, make_long_loader
 from scratchbert.training.data import progress_bars
+from scratchbert.training.electra import GENERATOR_DIR, ElectraForPretraining
 from scratchbert.training.evaluation import evaluate, weight_checksum
 from scratchbert.training.output_folder import CURVES_FILE, LOG_FILE, check_output_dir, prepare_output_dir, save_final_model
 from scratchbert.training.prepared import load_prepared
@@ -88,14 +90,21 @@ def build_model(config: PretrainConfig, tokenizer, vocab_size: int, model_class=
     With NSP: `ScratchBertForPreTraining` (pooler, MLM and NSP heads). Without: the MLM
     head alone, `ScratchBertForMaskedLM`, with no pooler, so nothing untrained is saved and
     a fine-tuned classifier starts its pooler fresh (as from transformers' `run_mlm.py`).
+    With `--objective electra`: `ElectraForPretraining`, a generator and the discriminator
+    that is saved, sharing one embeddings module.
     """
     if model_class is None:
         model_class, config_class = ScratchBertForPreTraining if config.nsp else ScratchBertForMaskedLM, ScratchBertConfig
     model_config = config_class(vocab_size=vocab_size, pad_token_id=tokenizer.pad_token_id, **config.model_kwargs())
     check_vocabulary(tokenizer, model_config)
-    model = model_class(model_config)
+    if config.objective == "electra":
+        model = ElectraForPretraining(model_config, config.generator_layers, config.discriminator_weight)
+        embeddings = model.discriminator.embeddings  # the generator's too
+    else:
+        model = model_class(model_config)
+        embeddings = model.base_model.embeddings
     if config.position_init == "sinusoidal":
-        init_positions_sinusoidal(model.base_model.embeddings.position_embeddings, std=model_config.initializer_range)
+        init_positions_sinusoidal(embeddings.position_embeddings, std=model_config.initializer_range)
     return model
 
 
@@ -190,6 +199,7 @@ class PretrainResult:
     steps: int
     eval_metrics: dict
     seconds: float
+    masked_lm_dir: Path  # the saved masked-language model: output_dir, or with ELECTRA its generator/
 
 
 def setup(config: PretrainConfig, model_class=None, config_class=None) -> tuple[Run, dict | None]:
@@ -393,13 +403,18 @@ def finish(run: Run, log: RunLog, started: float, cpu_started: float) -> Pretrai
     if accelerator.is_main_process:
         plot_training_curves(read_log(output_dir / LOG_FILE), output_dir / CURVES_FILE, title=f"{run.config.preset} BERT")
     metrics = run.eval_metrics
+    electra = run.config.objective == "electra"
     nsp = f", NSP accuracy {metrics['nsp_accuracy']:.3f}" if "nsp_accuracy" in metrics else ""
+    rtd = f", replaced-token detection accuracy {metrics['rtd_accuracy']:.3f}" if electra else ""
+    saved = f"model and tokenizer saved in {output_dir}"
+    if electra:
+        saved = f"discriminator and tokenizer saved in {output_dir}, generator in {output_dir / GENERATOR_DIR}"
     accelerator.print(
-        f"done in {seconds:.0f}s ({position.training_seconds:.0f}s of training): held-out MLM accuracy "
-        f"{metrics['mlm_accuracy']:.3f} (perplexity {metrics['perplexity']:.1f}){nsp}; model and tokenizer saved in {output_dir}"
+        f"done in {seconds:.0f}s ({position.training_seconds:.0f}s of training): held-out {'generator ' if electra else ''}MLM accuracy "
+        f"{metrics['mlm_accuracy']:.3f} (perplexity {metrics['perplexity']:.1f}){nsp}{rtd}; {saved}"
     )
     shut_down(run)
-    return PretrainResult(output_dir, position.step, metrics, seconds)
+    return PretrainResult(output_dir, position.step, metrics, seconds, output_dir / GENERATOR_DIR if electra else output_dir)
 
 
 def shut_down(run: Run) -> None:
@@ -441,7 +456,7 @@ def _announce(run: Run, log: RunLog) -> None:
     log.write(
         {
             "type": "start", "step": run.position.step, "num_processes": accelerator.num_processes,
-            "train_examples": run.train_examples, "eval_examples": run.eval_examples,
+            "train_examples": run.train_examples, "eval_examples": run.eval_examples, "objective": config.objective,
             "parameters": parameters, "vocab_size": len(run.tokenizer), "setup_seconds": run.setup_seconds,
         }
     )  # fmt: skip
@@ -456,10 +471,14 @@ def _announce(run: Run, log: RunLog) -> None:
         if config.long_phase
         else ""
     )
+    if config.objective == "electra":
+        objective = f"ELECTRA: a {config.generator_layers}-layer generator's MLM + {config.discriminator_weight:g} x replaced-token detection"
+    else:
+        objective = "MLM + NSP" if config.nsp else "MLM"
     accelerator.print(
         f"pretraining a {config.preset} BERT (L={config.num_hidden_layers}, H={config.hidden_size}, "
         f"{parameters / 1e6:.1f}M parameters, vocabulary {len(run.tokenizer)}) with the "
-        f"{config.recipe} recipe ({'MLM + NSP' if config.nsp else 'MLM'} on {config.packing}, "
+        f"{config.recipe} recipe ({objective} on {config.packing}, "
         f"{config.mlm_probability:.0%} masking, learning rate {config.learning_rate:g}) on {examples} "
         f"({run.eval_examples} held out), {accelerator.num_processes} process(es), {length} of {examples_per_step} examples{long_phase}"
     )
@@ -498,10 +517,14 @@ def _stop_if_not_finite(accelerator: Accelerator, window: dict, loss: torch.Tens
 # ---------------------------------------------------------------------------------------------
 # 3. Showing what the model learned
 # ---------------------------------------------------------------------------------------------
-def print_fill_mask(model_dir: str | Path, sentences, top_k: int = 5) -> None:
-    """The saved model's top guesses at each sentence's [MASK], loaded back from disk as a user would."""
+def print_fill_mask(model_dir: str | Path, sentences, top_k: int = 5, generator: bool = False) -> None:
+    """The saved model's top guesses at each sentence's [MASK], loaded back from disk as a user would.
+
+    `generator`: `model_dir` is an ELECTRA run's generator (its discriminator has no MLM head), and the heading says so.
+    """
     model, tokenizer = load_masked_lm(model_dir)
-    print(f"\nwhat the model fills in (top {top_k}, loaded back from {model_dir}):")
+    who = "the ELECTRA generator (the saved discriminator has no MLM head)" if generator else "the model"
+    print(f"\nwhat {who} fills in (top {top_k}, loaded back from {model_dir}):")
     for sentence in sentences:
         for guesses in fill_mask(model, tokenizer, sentence, top_k):
             print(f"  {sentence}\n      -> " + ", ".join(f"{token} ({p:.2f})" for token, p in guesses))
