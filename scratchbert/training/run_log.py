@@ -37,18 +37,24 @@ class RunLog:
         self.accelerator.log(numbers, step=record.get("step"))
 
 
+class BudgetBar(tqdm):
+    """Seconds of training out of a time budget. The last step ends past the budget, and tqdm drops a
+    total that `n` has passed (its bar format would then fail on total=None): this bar stops at its total."""
+
+    def update(self, n: float = 1) -> bool | None:
+        return super().update(max(0.0, min(n, self.total - self.n)))
+
+
 def progress_bar(config: PretrainConfig, accelerator: Accelerator, step: int, training_seconds: float):
     """Steps out of max_steps; with a time budget, seconds of training out of the budget."""
-    timed = config.time_budget is not None
-    return tqdm(
-        total=60.0 * config.time_budget if timed else config.max_steps,
-        initial=training_seconds if timed else step,
-        desc="pretrain",
-        unit="s" if timed else "step",
-        bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f}s [{elapsed}<{remaining}{postfix}]" if timed else None,
-        disable=not (accelerator.is_local_main_process and config.progress_bar),
-        dynamic_ncols=True,
-    )
+    disable = not (accelerator.is_local_main_process and config.progress_bar)
+    if config.time_budget is None:
+        return tqdm(total=config.max_steps, initial=step, desc="pretrain", unit="step", disable=disable, dynamic_ncols=True)
+    budget = 60.0 * config.time_budget
+    return BudgetBar(
+        total=budget, initial=min(training_seconds, budget), desc="pretrain", unit="s", disable=disable, dynamic_ncols=True,
+        bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f}s [{elapsed}<{remaining}{postfix}]",
+    )  # fmt: skip
 
 
 def train_record(accelerator: Accelerator, window: dict, step: int, epoch: int, scheduler) -> dict:
