@@ -246,8 +246,9 @@ def test_the_output_holds_the_discriminator_and_the_generator(finished_run, caps
 
     assert main(["fill-mask", "the [MASK] statement leaves a loop.", "--model", str(finished_run / GENERATOR_DIR)]) == 0
     assert "[MASK] 1 of 1:" in capsys.readouterr().out
-    # The discriminator has no MLM head, and fill-mask says so rather than guessing with random weights.
+    # The discriminator has no MLM head: fill-mask says so, and where the generator is, rather than guess with random weights.
     assert main(["fill-mask", "the [MASK] statement.", "--model", str(finished_run)]) == 2
+    assert f"its masked-language model is the generator: {finished_run / GENERATOR_DIR}" in capsys.readouterr().err
 
 
 def test_the_demo_prints_the_generators_fill_mask(tiny_config, tmp_path, capsys, monkeypatch):
@@ -258,6 +259,16 @@ def test_the_demo_prints_the_generators_fill_mask(tiny_config, tmp_path, capsys,
     printed = capsys.readouterr().out
     assert "what the ELECTRA generator (the saved discriminator has no MLM head) fills in" in printed
     assert str(tmp_path / "run" / GENERATOR_DIR) in printed and "replaced-token detection accuracy" in printed
+
+
+def test_overwrite_removes_the_generator_of_the_run_it_replaces(finished_run, tiny_config, tmp_path):
+    import shutil
+
+    output_dir = tmp_path / "reused"
+    shutil.copytree(finished_run, output_dir)
+    pretrain(tiny_config(output_dir, objective="mlm", overwrite=True, max_steps=2, eval_every=0, save_every=0))
+    assert not (output_dir / GENERATOR_DIR).exists()  # fill-mask must not find the old run's generator
+    assert "cls.predictions.transform.dense.weight" in saved_weights(output_dir)  # an MLM run's model
 
 
 def test_export_bert_gives_transformers_the_same_encoder(finished_run, tmp_path):
