@@ -28,7 +28,7 @@ AUTO_MAP = {
     "AutoModelForQuestionAnswering": "modeling_scratchbert.ScratchBertForQuestionAnswering",
     "AutoModelForMultipleChoice": "modeling_scratchbert.ScratchBertForMultipleChoice",
 }
-# How `ScratchBertForSequenceClassification` makes one vector of a text: BERT's pooler on [CLS]
+# How `ScratchBertForSequenceClassification` (and `...ForMultipleChoice`) make one vector of a text: BERT's pooler on [CLS]
 # ("cls", what transformers' BertForSequenceClassification does) or the mean of the last layer
 # over the real tokens ("mean", as sentence-transformers and ModernBERT's `classifier_pooling`).
 CLASSIFIER_POOLINGS = ("cls", "mean")
@@ -53,7 +53,7 @@ class ScratchBertConfig(PretrainedConfig):
         pad_token_id: id of `[PAD]`; its embedding row gets no gradient.
         classifier_dropout: dropout before classification heads (defaults to
             `hidden_dropout_prob` when None).
-        classifier_pooling: what the sequence-classification head classifies: "cls", BERT's
+        classifier_pooling: what the sequence-classification and multiple-choice heads classify: "cls", BERT's
             pooler on the [CLS] vector, tanh(dense(h_[CLS])); or "mean", the average of the last
             layer over the real (attention-masked) tokens, with no pooler weights. "mean" cannot
             be exported as transformers' BertForSequenceClassification (ONNX export works).

@@ -57,13 +57,15 @@ def export_to_transformers_bert(checkpoint_dir: str | Path, out_dir: str | Path)
 def _check_bert_can_express(config: ScratchBertConfig, src: Path) -> None:
     """Refuse a classifier that BERT's classes would load without error and then compute differently."""
     architectures = config.architectures or []
-    if config.classifier_pooling == "mean" and any(name.endswith("ForSequenceClassification") for name in architectures):
+    head = next((name for name in architectures if name.endswith(("ForSequenceClassification", "ForMultipleChoice"))), None)
+    if config.classifier_pooling == "mean" and head is not None:
+        bert_class = "BertFor" + head.split("For", 1)[1]
         raise ScratchBertError(
-            f"{src} is a sequence classifier with classifier_pooling='mean' (it classifies the mean of the last layer "
-            "over the real tokens), which transformers' BertForSequenceClassification cannot express: it classifies "
-            "the pooled [CLS] vector, so the export would load with an untrained pooler and give other answers. Export "
-            f"it with `scratchbert export-onnx {src} OUT --task sequence-classification`, load it with scratchbert "
-            "(AutoModelForSequenceClassification), or fine-tune with `--pooling cls` for a checkpoint that exports as BERT."
+            f"{src} is a {head} with classifier_pooling='mean' (it classifies the mean of the last layer over the real "
+            f"tokens), which transformers' {bert_class} cannot express: it classifies the pooled [CLS] vector, so the "
+            "export would load with an untrained pooler and give other answers. Export it with `scratchbert export-onnx "
+            f"{src} OUT` (sequence classifiers), load it with scratchbert (its Auto classes), or fine-tune with "
+            "`--pooling cls` for a checkpoint that exports as BERT."
         )
 
 

@@ -858,6 +858,17 @@ def classifier_dropout(config: ScratchBertConfig) -> nn.Dropout:
     return nn.Dropout(p)
 
 
+def text_vector(encoded: BaseModelOutputWithPooling, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    """The one vector per text a classifier reads (`config.classifier_pooling`). -> (B, H)
+
+    With a pooler (`"cls"`): BERT's pooled [CLS] vector. Without (`"mean"`: the encoder was
+    built with no pooler): `mean_pooling` of the last layer over the real tokens.
+    """
+    if encoded.pooler_output is not None:
+        return encoded.pooler_output
+    return mean_pooling(encoded.last_hidden_state, attention_mask)
+
+
 class ScratchBertForSequenceClassification(ScratchBertPreTrainedModel):
     """A linear classifier on one vector per text. logits (B, num_labels).
 
@@ -891,11 +902,7 @@ class ScratchBertForSequenceClassification(ScratchBertPreTrainedModel):
     ) -> SequenceClassifierOutput | tuple:
         """Inputs as in `ScratchBertModel.forward`; labels (B,) class ids or values, or (B, num_labels) multi-hot."""
         encoded = self.bert(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, return_dict=True, **kwargs)
-        if self.bert.pooler is not None:
-            pooled = encoded.pooler_output  # (B, H)
-        else:
-            pooled = mean_pooling(encoded.last_hidden_state, attention_mask)  # (B, H)
-        logits = self.classifier(self.dropout(pooled))  # (B, num_labels)
+        logits = self.classifier(self.dropout(text_vector(encoded, attention_mask)))  # (B, num_labels)
         loss = sequence_classification_loss(logits, labels, self.config) if labels is not None else None
         return SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=encoded.hidden_states, attentions=encoded.attentions)
 
@@ -1002,14 +1009,16 @@ def _fold_choices(tensor: torch.Tensor | None) -> torch.Tensor | None:
 class ScratchBertForMultipleChoice(ScratchBertPreTrainedModel):
     """Pick one of C candidate continuations: each (prompt, choice) pair is encoded, scored, softmaxed over C.
 
-    Shapes: input_ids (B, C, S) -> logits (B, C); labels (B,) index the right choice.
+    Shapes: input_ids (B, C, S) -> logits (B, C); labels (B,) index the right choice. Each pair is
+    scored from its pooled [CLS] vector or, with `config.classifier_pooling = "mean"`, from the mean
+    of its real tokens (`text_vector`), as in `ScratchBertForSequenceClassification`.
     """
 
     accepts_loss_kwargs = False
 
     def __init__(self, config: ScratchBertConfig):
         super().__init__(config)
-        self.bert = ScratchBertModel(config)
+        self.bert = ScratchBertModel(config, add_pooling_layer=config.classifier_pooling == "cls")
         self.dropout = classifier_dropout(config)
         self.classifier = nn.Linear(config.hidden_size, 1)
         self.post_init()
@@ -1030,9 +1039,9 @@ class ScratchBertForMultipleChoice(ScratchBertPreTrainedModel):
         if reference is None or reference.dim() < 3:
             raise ValueError("ScratchBertForMultipleChoice takes input_ids of shape (batch, num_choices, sequence).")
         num_choices = reference.size(1)
-        folded = (_fold_choices(t) for t in (input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds))  # (B * C, S)
+        folded = [_fold_choices(t) for t in (input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)]  # (B * C, S)
         encoded = self.bert(*folded, return_dict=True, **kwargs)
-        scores = self.classifier(self.dropout(encoded.pooler_output))  # (B * C, 1)
+        scores = self.classifier(self.dropout(text_vector(encoded, folded[1])))  # (B * C, 1)
         logits = scores.view(-1, num_choices)  # (B, C)
         loss = cross_entropy(logits, labels) if labels is not None else None
         return MultipleChoiceModelOutput(loss=loss, logits=logits, hidden_states=encoded.hidden_states, attentions=encoded.attentions)

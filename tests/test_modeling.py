@@ -186,6 +186,22 @@ def test_mean_pooling_classifier_reads_the_mean_of_the_real_tokens(batch):
     assert torch.equal(mean_pooling(empty, torch.zeros(1, 4, dtype=torch.long)), torch.zeros(1, 2))  # a fully padded row: 0, not NaN
 
 
+def test_multiple_choice_reads_the_mean_of_each_pairs_real_tokens_when_told(batch, tmp_path):
+    torch.manual_seed(0)
+    model = ScratchBertForMultipleChoice(tiny_config(classifier_pooling="mean")).eval()
+    assert model.bert.pooler is None and not any("pooler" in key for key in model.state_dict())
+    choices = {name: tensor.unsqueeze(0) for name, tensor in batch.items()}  # one question, 3 choices: (1, 3, S)
+    with torch.no_grad():
+        logits = model(**choices).logits  # (1, 3)
+        states = model.bert(**batch).last_hidden_state  # (3, S, H)
+        by_hand = torch.stack([states[i, :n].mean(0) for i, n in enumerate(batch["attention_mask"].sum(1).tolist())])
+        torch.testing.assert_close(logits, model.classifier(by_hand).view(1, 3), atol=1e-6, rtol=0)
+    assert ScratchBertForMultipleChoice(tiny_config()).bert.pooler is not None  # BERT's [CLS] by default
+    model.save_pretrained(tmp_path / "mc-mean")
+    with pytest.raises(ScratchBertError, match=r"ScratchBertForMultipleChoice with classifier_pooling='mean'.*BertForMultipleChoice cannot express"):
+        export_to_transformers_bert(tmp_path / "mc-mean", tmp_path / "bert-mc-mean")
+
+
 def test_classifier_pooling_round_trips_through_save_and_the_auto_class(tmp_path, batch):
     from transformers import AutoModelForSequenceClassification
 
