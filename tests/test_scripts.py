@@ -122,6 +122,7 @@ def test_budget_bench_takes_each_sets_label_budget_unless_told(monkeypatch):
     assert bench.parse_args(["--set", "bbc-news", "--train-examples", "400"]).train_examples == 400
     assert bench.parse_args(["--train-reviews", "300"]).train_examples == 300  # the old flag still works
     assert bbc.epochs is None and bbc.finetune_lr is None  # the command's own fine-tuning defaults
+    assert imdb.rows == ["a", "b", "c", "d"] and bench.parse_args(["--rows", "a", "e", "c", "--skip", "c"]).rows == ["a", "e"]
 
 
 def test_budget_bench_rejects_a_budget_of_nothing_in_one_line():
