@@ -22,7 +22,7 @@ of the compute. A generator that is too good makes the task unlearnable, so it i
 here it has the discriminator's width and `generator_layers` layers (default a quarter of them,
 at least one), the depth-reduced generator that DeBERTa-v3 also uses.
 
-Details that matter, each one line below:
+Details that matter, each one line of `__init__` or `forward` below:
   - The generator reads through the discriminator's embeddings module itself (the word,
     position and token-type tables and their LayerNorm), as ELECTRA ties its embeddings, and its
     MLM decoder stays tied to that shared word table: the tables learn from both losses.
