@@ -52,6 +52,27 @@ def bert_vocab_file(minilm_dir) -> Path:
     return minilm_dir / "vocab.txt"
 
 
+# A pretraining run small enough for a test: a few steps of a 2-layer, 32-wide model (test_pretrain.py, test_electra.py).
+TINY_PRETRAIN = {
+    "recipe": "paper",  # MLM + NSP on sentence pairs; tests/test_recipes.py runs the packed recipe
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "intermediate_size": 64,
+    "max_position_embeddings": 64,
+    "max_seq_length": 32,
+    "dupe_factor": 1,
+    "batch_size": 8,
+    "max_steps": 8,
+    "learning_rate": 3e-3,
+    "eval_every": 4,
+    "save_every": 2,
+    "log_every": 1,
+    "report_to": "none",
+    "progress_bar": False,
+}
+
+
 def tiny_bert_config(**overrides) -> ScratchBertConfig:
     """The tiny geometry of the fast tests: hidden 32, 2 layers, 4 heads, no dropout."""
     fields = dict(

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState
-from conftest import kill_after_saving, saved_tokenizer
+from conftest import TINY_PRETRAIN, kill_after_saving, saved_tokenizer
 
 from scratchbert import ScratchBertConfig, ScratchBertForMaskedLM, ScratchBertModel
 from scratchbert.commands import main
@@ -31,23 +31,7 @@ from scratchbert.training.electra import GENERATOR_DIR, ElectraForPretraining
 from scratchbert.training.evaluation import evaluate
 from scratchbert.training.pretrain import LOG_FILE, pretrain
 
-TINY = {
-    "objective": "electra",
-    "hidden_size": 32,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "intermediate_size": 64,
-    "max_position_embeddings": 64,
-    "max_seq_length": 32,
-    "batch_size": 8,
-    "max_steps": 8,
-    "learning_rate": 3e-3,
-    "eval_every": 4,
-    "save_every": 2,
-    "log_every": 1,
-    "report_to": "none",
-    "progress_bar": False,
-}
+TINY = {**TINY_PRETRAIN, "recipe": "packed", "objective": "electra"}  # conftest.py: its run, on the default recipe
 
 # Accelerate keeps process-wide state; each in-process run here starts from none (conftest.py).
 pytestmark = pytest.mark.usefixtures("fresh_accelerator_state")

@@ -17,7 +17,7 @@ import torch
 import yaml
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState
-from conftest import kill_after_saving, saved_tokenizer
+from conftest import TINY_PRETRAIN, kill_after_saving, saved_tokenizer
 
 from scratchbert import ScratchBertConfig, ScratchBertForPreTraining
 from scratchbert.training import checkpoint as ckpt
@@ -30,24 +30,7 @@ from scratchbert.training.pretrain import LOG_FILE, NonFiniteLossError, pretrain
 
 REPO = Path(__file__).resolve().parents[1]
 
-TINY = {
-    "recipe": "paper",  # MLM + NSP on sentence pairs; tests/test_recipes.py runs the packed recipe
-    "hidden_size": 32,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "intermediate_size": 64,
-    "max_position_embeddings": 64,
-    "max_seq_length": 32,
-    "dupe_factor": 1,
-    "batch_size": 8,
-    "max_steps": 8,
-    "learning_rate": 3e-3,
-    "eval_every": 4,
-    "save_every": 2,
-    "log_every": 1,
-    "report_to": "none",
-    "progress_bar": False,
-}
+TINY = TINY_PRETRAIN  # conftest.py
 
 
 # Accelerate keeps process-wide state; each in-process run here starts from none (conftest.py).
