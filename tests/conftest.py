@@ -132,6 +132,35 @@ def kill_after_saving(monkeypatch, step: int, run) -> None:
         monkeypatch.setattr(ckpt, "save_checkpoint", real_save)
 
 
+def documentation_corpus(tmp_path_factory, documents: int) -> Path:
+    """A text file of every third of the first `documents` documents of the embedded CPython
+    documentation, each flattened into one paragraph of at most 65 words, blank-line separated."""
+    from scratchbert.ingestion import default_corpus_documents
+
+    text = "\n\n".join(" ".join(doc.split()[:65]) for doc in default_corpus_documents()[:documents:3])
+    path = tmp_path_factory.mktemp("corpus") / "docs.txt"
+    path.write_text(text + "\n", encoding="utf-8")
+    return path
+
+
+def run_config_maker(values: dict, corpus_file: Path, tokenizer_dir: Path):
+    """make(output_dir, **overrides) -> a PretrainConfig of `values` on the corpus and tokenizer, overrides winning."""
+    from scratchbert.training.config import PretrainConfig
+
+    def make(output_dir: Path, **overrides) -> PretrainConfig:
+        shared = {"train_files": [str(corpus_file)], "tokenizer": str(tokenizer_dir), "output_dir": str(output_dir)}
+        return PretrainConfig(**{**values, **shared, **overrides})
+
+    return make
+
+
+def run_log(output_dir: Path) -> list[dict]:
+    """The records of a finished or interrupted run's train_log.jsonl."""
+    from scratchbert.training.plotting import read_log
+
+    return read_log(output_dir / "train_log.jsonl")
+
+
 def saved_tokenizer(tmp_path_factory, corpus_file: Path, vocab_size: int, name: str = "tokenizer") -> Path:
     """A WordPiece tokenizer trained on `corpus_file` and saved in a fresh folder, for runs that share it."""
     from scratchbert.tokenization import train_tokenizer

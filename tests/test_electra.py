@@ -17,19 +17,18 @@ import torch
 import torch.nn.functional as F
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState
-from conftest import TINY_PRETRAIN, kill_after_saving, saved_tokenizer
+from conftest import TINY_PRETRAIN, documentation_corpus, run_config_maker, run_log, kill_after_saving, saved_tokenizer
 
 from scratchbert import ScratchBertConfig, ScratchBertForMaskedLM, ScratchBertModel
 from scratchbert.commands import main
 from scratchbert.errors import ScratchBertError
-from scratchbert.ingestion import default_corpus_documents
 from scratchbert.modeling_scratchbert import IGNORE_INDEX
 from scratchbert.training import checkpoint as ckpt
 from scratchbert.training import electra
 from scratchbert.training.config import PretrainConfig
 from scratchbert.training.electra import GENERATOR_DIR, ElectraForPretraining
 from scratchbert.training.evaluation import evaluate
-from scratchbert.training.pretrain import LOG_FILE, pretrain
+from scratchbert.training.pretrain import pretrain
 
 TINY = {**TINY_PRETRAIN, "recipe": "packed", "objective": "electra"}  # conftest.py: its run, on the default recipe
 
@@ -41,11 +40,7 @@ pytestmark = pytest.mark.usefixtures("fresh_accelerator_state")
 def corpus_file(tmp_path_factory) -> Path:
     """20 documents of the embedded CPython documentation, one paragraph each: a few batches of 8 packed examples,
     so an 8-step run with accumulation 2 crosses epoch boundaries."""
-    documents = default_corpus_documents()[:60:3]
-    text = "\n\n".join(" ".join(doc.split()[:65]) for doc in documents)
-    path = tmp_path_factory.mktemp("corpus") / "docs.txt"
-    path.write_text(text + "\n", encoding="utf-8")
-    return path
+    return documentation_corpus(tmp_path_factory, documents=60)
 
 
 @pytest.fixture(scope="module")
@@ -55,11 +50,7 @@ def tokenizer_dir(tmp_path_factory, corpus_file) -> Path:
 
 @pytest.fixture(scope="module")
 def tiny_config(corpus_file, tokenizer_dir):
-    def make(output_dir: Path, **overrides) -> PretrainConfig:
-        values = {**TINY, "train_files": [str(corpus_file)], "tokenizer": str(tokenizer_dir), "output_dir": str(output_dir)}
-        return PretrainConfig(**{**values, **overrides})
-
-    return make
+    return run_config_maker(TINY, corpus_file, tokenizer_dir)
 
 
 @pytest.fixture(scope="module")
@@ -70,10 +61,6 @@ def finished_run(tmp_path_factory, tiny_config) -> Path:
     pretrain(tiny_config(output_dir, gradient_accumulation_steps=2))
     AcceleratorState._reset_state(reset_partial_state=True)
     return output_dir
-
-
-def read_log(output_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (output_dir / LOG_FILE).read_text().splitlines() if line.strip()]
 
 
 def saved_weights(folder: Path) -> dict[str, torch.Tensor]:
@@ -196,7 +183,7 @@ def test_evaluation_is_deterministic_and_reports_the_generator_and_the_discrimin
 
 
 def test_a_short_run_learns_and_logs_the_objective(finished_run):
-    records = read_log(finished_run)
+    records = run_log(finished_run)
     assert records[0]["type"] == "start" and records[0]["objective"] == "electra"
     losses = [r["loss"] for r in records if r["type"] == "train"]
     assert len(losses) == 8 and sum(losses[-2:]) < 0.98 * sum(losses[:2])  # 8 steps at a decaying rate: a few percent
@@ -304,7 +291,7 @@ def test_stopped_and_resumed_run_ends_with_identical_weights(finished_run, tiny_
         assert expected.keys() == resumed.keys()
         for name in expected:
             assert torch.equal(expected[name], resumed[name]), (folder, name)
-    run_record = lambda d: [(r["step"], r.get("loss"), r.get("rtd_accuracy")) for r in read_log(d) if r["type"] in ("train", "eval")]  # noqa: E731
+    run_record = lambda d: [(r["step"], r.get("loss"), r.get("rtd_accuracy")) for r in run_log(d) if r["type"] in ("train", "eval")]  # noqa: E731
     assert run_record(output_dir) == run_record(finished_run)
 
 

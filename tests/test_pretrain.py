@@ -17,7 +17,7 @@ import torch
 import yaml
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState
-from conftest import TINY_PRETRAIN, kill_after_saving, saved_tokenizer
+from conftest import TINY_PRETRAIN, documentation_corpus, run_config_maker, run_log, kill_after_saving, saved_tokenizer
 
 from scratchbert import ScratchBertConfig, ScratchBertForPreTraining
 from scratchbert.training import checkpoint as ckpt
@@ -25,8 +25,7 @@ from scratchbert.training import pretrain as pretrain_module
 from scratchbert.training import schedules
 from scratchbert.training.config import PRESETS, PretrainConfig
 from scratchbert.training.config_file import add_config_arguments, config_from_args
-from scratchbert.ingestion import default_corpus_documents
-from scratchbert.training.pretrain import LOG_FILE, NonFiniteLossError, pretrain
+from scratchbert.training.pretrain import NonFiniteLossError, pretrain
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -45,11 +44,7 @@ def corpus_file(tmp_path_factory) -> Path:
     documents (not paragraphs); about 75 sentence pairs of 32 tokens, i.e. an epoch of
     ~9 batches of 8, so an 8-step run with accumulation 2 crosses an epoch boundary.
     """
-    documents = default_corpus_documents()[:40:3]
-    text = "\n\n".join(" ".join(doc.split()[:65]) for doc in documents)
-    path = tmp_path_factory.mktemp("corpus") / "docs.txt"
-    path.write_text(text + "\n", encoding="utf-8")
-    return path
+    return documentation_corpus(tmp_path_factory, documents=40)
 
 
 @pytest.fixture(scope="module")
@@ -61,15 +56,7 @@ def tokenizer_dir(tmp_path_factory, corpus_file) -> Path:
 
 @pytest.fixture(scope="module")
 def tiny_config(corpus_file, tokenizer_dir):
-    def make(output_dir: Path, **overrides) -> PretrainConfig:
-        values = {**TINY, "train_files": [str(corpus_file)], "tokenizer": str(tokenizer_dir), "output_dir": str(output_dir)}
-        return PretrainConfig(**{**values, **overrides})
-
-    return make
-
-
-def read_log(output_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (output_dir / LOG_FILE).read_text().splitlines() if line.strip()]
+    return run_config_maker(TINY, corpus_file, tokenizer_dir)
 
 
 def final_weights(output_dir: Path) -> dict[str, torch.Tensor]:
@@ -244,7 +231,7 @@ def test_stopped_and_resumed_run_ends_with_identical_weights(finished_run, tiny_
     for name in expected:
         assert torch.equal(expected[name], resumed[name]), name
     # The log of the resumed run reads as one run: same losses, step by step.
-    losses = lambda d: [(r["step"], r["loss"]) for r in read_log(d) if r["type"] == "train"]  # noqa: E731
+    losses = lambda d: [(r["step"], r["loss"]) for r in run_log(d) if r["type"] == "train"]  # noqa: E731
     assert losses(output_dir) == losses(finished_run)
 
 
@@ -262,7 +249,7 @@ def test_finished_run_reloads_with_auto_classes_and_fill_mask(finished_run):
     predictions = pipeline("fill-mask", model=str(finished_run), tokenizer=str(finished_run))(f"a {tokenizer.mask_token} b")
     assert len(predictions) == 5
 
-    records = read_log(finished_run)
+    records = run_log(finished_run)
     train = [r for r in records if r["type"] == "train"]
     assert [r["step"] for r in train] == list(range(1, 9))
     assert train[-1]["learning_rate"] == 0.0 and all(r["tokens_per_second"] > 0 for r in train)
@@ -284,7 +271,7 @@ def test_bf16_mixed_precision_trains_on_cpu_like_fp32(tiny_config, tmp_path):
         AcceleratorState._reset_state(reset_partial_state=True)
         output_dir = tmp_path / precision
         pretrain(tiny_config(output_dir, mixed_precision=precision, save_every=8))
-        losses[precision] = [r["loss"] for r in read_log(output_dir) if r["type"] == "train"]
+        losses[precision] = [r["loss"] for r in run_log(output_dir) if r["type"] == "train"]
     assert len(losses["bf16"]) == 8 and all(torch.isfinite(torch.tensor(losses["bf16"])))
     assert losses["bf16"][-1] < losses["bf16"][0]
     assert losses["bf16"][0] == pytest.approx(losses["no"][0], rel=0.01)  # same weights and batch at step 1
@@ -340,7 +327,7 @@ def test_overwrite_replaces_old_state_only_once_the_new_data_is_built(finished_r
     AcceleratorState._reset_state(reset_partial_state=True)
     pretrain(tiny_config(run, overwrite=True, max_steps=4))
     assert [step for step, _ in ckpt.list_checkpoints(run)] == [2, 4]  # the old run's 6 and 8 are gone
-    assert read_log(run)[-1]["step"] == 4
+    assert run_log(run)[-1]["step"] == 4
 
 
 def test_fsdp_and_deepspeed_on_cpu_are_refused_not_turned_into_ddp(monkeypatch):
@@ -474,7 +461,7 @@ def test_two_process_ddp_on_cpu(corpus_file, tokenizer_dir, tmp_path):
     returncode, output = run_launcher(command, env, tmp_path, timeout=240)
     assert returncode == 0, output[-4000:]
 
-    records = read_log(output_dir)
+    records = run_log(output_dir)
     assert records[0]["num_processes"] == 2
     train = [r["loss"] for r in records if r["type"] == "train"]
     assert train[-1] < train[0], train
@@ -501,7 +488,7 @@ def test_long_phase_trains_the_positions_past_max_seq_length_and_resumes_exactly
     pretrain(tiny_config(tmp_path / "short", **base))
     AcceleratorState._reset_state(reset_partial_state=True)
     pretrain(tiny_config(tmp_path / "long", **long))
-    records = [r for r in read_log(tmp_path / "long") if r["type"] == "train"]
+    records = [r for r in run_log(tmp_path / "long") if r["type"] == "train"]
     assert [r["seq_length"] for r in records] == [16] * 4 + [32] * 4
     positions = lambda folder: load_file(folder / "model.safetensors")["bert.embeddings.position_embeddings.weight"]  # noqa: E731
     short, longer = positions(tmp_path / "short"), positions(tmp_path / "long")
