@@ -80,7 +80,7 @@ def pretrain_scratchbert(args, text_file: Path, tokenizer_dir: Path, out: Path, 
         preset=args.preset, train_files=[str(text_file)], tokenizer=str(tokenizer_dir), max_seq_length=args.max_seq_length,
         batch_size=args.batch_size, time_budget=args.minutes, mixed_precision=args.mixed_precision, output_dir=str(out),
         eval_every=200, save_every=0, report_to="none", overwrite=True, seed=args.seed,  # evaluations do not count against the budget
-        objective=objective,
+        objective=objective, **args.pretrain_options,
     )  # fmt: skip
     pretrain(config)
     final = [r for r in read_log(out / "train_log.jsonl") if r["type"] == "final"][-1]
@@ -263,6 +263,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--mixed-precision", default="bf16", choices=["no", "bf16"])
     parser.add_argument("--vocab-size", type=int, default=16384)
+    parser.add_argument(
+        "--pretrain-option", dest="pretrain_options", action="append", default=[], metavar="NAME=VALUE",
+        help="a PretrainConfig option for (a) and (e), e.g. mask_replace_prob=1.0 (repeatable; VALUE read as JSON, else text)",
+    )  # fmt: skip
     parser.add_argument("--train-examples", "--train-reviews", type=int, help="labelled training documents per seed (default: the set's)")
     parser.add_argument("--validation-examples", "--validation-reviews", type=int, help="labelled documents that pick the epoch; 0: the command holds 10%% of the labels out (default: the set's)")
     parser.add_argument("--test-examples", "--test-reviews", type=int, help="test documents (default: the set's)")
@@ -278,6 +282,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--skip", nargs="*", default=[], choices=ROWS, help="rows to leave out")
     parser.add_argument("--out", default="runs/bench-pretrain-budget")
     args = parser.parse_args(argv)
+    args.pretrain_options = dict(pretrain_option(text, parser) for text in args.pretrain_options)
     for name, value in SET_DEFAULTS[args.set].items():
         if getattr(args, name) is None:
             setattr(args, name, value)
@@ -285,6 +290,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.minutes <= 0:
         parser.error("--minutes must be positive")
     return args
+
+
+def pretrain_option(text: str, parser: argparse.ArgumentParser) -> tuple[str, object]:
+    """`NAME=VALUE` of --pretrain-option: VALUE as JSON (numbers, true/false, null), else as text."""
+    from scratchbert.training.config import PretrainConfig
+
+    name, equals, value = text.partition("=")
+    if not equals or name not in PretrainConfig.__dataclass_fields__:
+        parser.error(f"--pretrain-option {text!r}: give NAME=VALUE with NAME an option of PretrainConfig (e.g. mask_replace_prob=1.0)")
+    try:
+        return name, json.loads(value)
+    except json.JSONDecodeError:
+        return name, value
 
 
 def main() -> None:
@@ -348,7 +366,8 @@ def main() -> None:
 
     labels = f"{args.train_examples} labels" + (f" + {args.validation_examples} validation" if args.validation_examples else " (10% held out to pick the epoch)")
     lines = [
-        f"{args.set}: pretraining budget {args.minutes:g} min, {args.preset} (seq {args.max_seq_length}), fine-tuned on {labels} "
+        f"{args.set}: pretraining budget {args.minutes:g} min, {args.preset} (seq {args.max_seq_length}, vocabulary {len(tokenizer)}"
+        f"{''.join(f', {name}={value}' for name, value in args.pretrain_options.items())}), fine-tuned on {labels} "
         f"({args.finetune_length} tokens head+tail, {'the command defaults' if args.epochs is None and args.finetune_lr is None else f'epochs {args.epochs}, lr {args.finetune_lr}'}), "
         f"scored on {args.test_examples} test documents, {len(seeds)} seeds; CPU: {cpu_name()}, {torch.get_num_threads()} threads",
         "",

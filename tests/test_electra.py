@@ -313,7 +313,7 @@ def test_a_version_3_configuration_reads_as_mlm():
     assert (loaded.objective, loaded.generator_layers, loaded.discriminator_weight) == ("mlm", None, 50.0)
     assert ckpt.config_differences(saved, PretrainConfig().to_dict()) == []  # an old run resumes
     assert "objective: checkpoint 'mlm', now 'electra'" in ckpt.config_differences(saved, PretrainConfig(objective="electra").to_dict())
-    assert PretrainConfig().to_saved_dict()["config_version"] == 4
+    assert PretrainConfig().to_saved_dict()["config_version"] >= 4
 
 
 @pytest.mark.parametrize(

@@ -157,11 +157,59 @@ def test_command_line_recipe_flags(capsys):
         ({"packing": "pairs"}, r"packing='pairs': choose one of full-sentences, sentence-pairs"),
         ({"mlm_probability": 1.0}, r"mlm_probability=1.0: it must be strictly between 0 and 1"),
         ({"position_init": "rope"}, r"position_init='rope': choose one of normal, sinusoidal"),
+        ({"mask_replace_prob": 0.95}, r"mask_replace_prob=0.95 and random_replace_prob=0.1: each must be 0 or more and together at most 1"),
+        ({"random_replace_prob": -0.1}, r"random_replace_prob=-0.1: each must be 0 or more"),
     ],
 )
 def test_recipe_errors_are_clear(options, message):
     with pytest.raises(ValueError, match=message):
         PretrainConfig(**options)
+
+
+def test_masking_shares_reach_training_batches_and_evaluation_keeps_berts(topic_tokenizer):
+    """--mask-replace-prob 1 --random-replace-prob 0 (no 80/10/10): every chosen training token reads
+    [MASK]; evaluation masks as BERT did whatever the recipe, so runs stay comparable."""
+    from transformers import AutoTokenizer
+
+    from scratchbert.training.corpus import make_dataloaders
+
+    tokenizer = AutoTokenizer.from_pretrained(topic_tokenizer)
+    examples = build_packed_dataset(topic_documents(40), tokenizer, max_seq_length=32)
+
+    def shown_at_chosen(options: dict) -> tuple[Counter, Counter]:
+        config = PretrainConfig(**{**TINY, **options})
+        train_loader, eval_loader, _ = make_dataloaders(config, tokenizer, examples, examples)
+        shown = []
+        for loader in (train_loader, eval_loader):
+            counts = Counter()
+            for batch in loader:
+                chosen = batch["labels"] != -100
+                shown_ids = batch["input_ids"][chosen]
+                counts["mask"] += int((shown_ids == tokenizer.mask_token_id).sum())
+                counts["own"] += int((shown_ids == batch["labels"][chosen]).sum())
+                counts["chosen"] += int(chosen.sum())
+            shown.append(counts)
+        return shown
+
+    train, evaluation = shown_at_chosen({"mask_replace_prob": 1.0, "random_replace_prob": 0.0})
+    assert train["mask"] == train["chosen"] > 500
+    assert 0.75 < evaluation["mask"] / evaluation["chosen"] < 0.85 and evaluation["own"] > 0
+    bert_train, bert_evaluation = shown_at_chosen({})
+    assert 0.75 < bert_train["mask"] / bert_train["chosen"] < 0.85 and bert_evaluation == evaluation
+    assert PretrainConfig().to_dict()["mask_replace_prob"] == 0.8
+    parser = argparse.ArgumentParser()
+    add_config_arguments(parser, PretrainConfig)
+    flags = config_from_args(parser.parse_args(["--mask-replace-prob", "1", "--random-replace-prob", "0"]), PretrainConfig)
+    assert (flags.mask_replace_prob, flags.random_replace_prob) == (1.0, 0.0)
+
+
+def test_a_version_4_save_trained_with_berts_80_10_10():
+    saved = {**PretrainConfig().to_saved_dict(), "config_version": 4}
+    del saved["mask_replace_prob"], saved["random_replace_prob"]
+    loaded = PretrainConfig.from_dict(saved)
+    assert (loaded.mask_replace_prob, loaded.random_replace_prob) == (0.8, 0.1)
+    assert ckpt.config_differences(saved, PretrainConfig().to_dict()) == []
+    assert ckpt.config_differences(saved, PretrainConfig(mask_replace_prob=1.0, random_replace_prob=0.0).to_dict())
 
 
 # --- where the position table starts ----------------------------------------------------

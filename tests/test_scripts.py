@@ -123,6 +123,13 @@ def test_budget_bench_takes_each_sets_label_budget_unless_told(monkeypatch):
     assert bench.parse_args(["--train-reviews", "300"]).train_examples == 300  # the old flag still works
     assert bbc.epochs is None and bbc.finetune_lr is None  # the command's own fine-tuning defaults
     assert imdb.rows == ["a", "b", "c", "d"] and bench.parse_args(["--rows", "a", "e", "c", "--skip", "c"]).rows == ["a", "e"]
+    options = bench.parse_args(["--pretrain-option", "mask_replace_prob=1.0", "--pretrain-option", "packing=sentence-pairs"])
+    assert imdb.pretrain_options == {} and options.pretrain_options == {"mask_replace_prob": 1.0, "packing": "sentence-pairs"}
+
+
+def test_budget_bench_refuses_a_pretrain_option_pretraining_does_not_have():
+    result = run_script("scripts/bench_pretrain_budget.py", "--pretrain-option", "mask_rate=1")
+    assert result.returncode == 2 and "--pretrain-option 'mask_rate=1': give NAME=VALUE" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_budget_bench_rejects_a_budget_of_nothing_in_one_line():

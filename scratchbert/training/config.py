@@ -188,6 +188,12 @@ class DataArguments:
     dupe_factor: int = field(default=5, metadata={"help": "sentence-pairs: pairings of the training text, each with another seed (BERT used 10)"})
     mlm_probability: float | None = field(default=None, metadata={"help": "fraction of tokens chosen for masking (default: from the recipe)"})
     whole_word_mask: bool = field(default=False, metadata={"help": "mask all ## pieces of a word together"})
+    mask_replace_prob: float = field(
+        default=0.8, metadata={"help": "of the chosen tokens, the share shown as [MASK] (BERT's 80/10/10: 0.8; 1.0 with --random-replace-prob 0: always [MASK])"}
+    )
+    random_replace_prob: float = field(
+        default=0.1, metadata={"help": "of the chosen tokens, the share shown as a random token (BERT: 0.1); the rest show their own token"}
+    )
     eval_fraction: float = field(default=0.1, metadata={"help": "fraction of documents held out for evaluation"})
     max_eval_examples: int = field(default=1000, metadata=_resumable("cap on held-out examples scored per evaluation (0: all)"))
     num_workers: int = field(default=0, metadata=_resumable("DataLoader worker processes (not with --streaming, which reads in the training process)"))
@@ -281,7 +287,7 @@ class PretrainConfig(TrainingArguments, DataArguments, ModelArguments, ConfigFil
     """Everything a pretraining run needs; see the module docstring for how it is layered."""
 
     JOB = "pretraining"
-    VERSION = 4  # 1: saves without a version (before `config_version`); 3: streaming, prepared data, long phase; 4: objective
+    VERSION = 5  # 1: saves without a version (before `config_version`); 3: streaming, prepared data, long phase; 4: objective; 5: 80/10/10 shares
 
     def __post_init__(self) -> None:
         for name, (_, value) in self.unset_values().items():
@@ -350,6 +356,11 @@ class PretrainConfig(TrainingArguments, DataArguments, ModelArguments, ConfigFil
         for name in ("mlm_probability", "eval_fraction"):
             if not 0.0 < getattr(self, name) < 1.0:
                 raise ScratchBertError(f"{name}={getattr(self, name)!r}: it must be strictly between 0 and 1.")
+        if not (0.0 <= self.mask_replace_prob and 0.0 <= self.random_replace_prob and self.mask_replace_prob + self.random_replace_prob <= 1.0):
+            raise ScratchBertError(
+                f"mask_replace_prob={self.mask_replace_prob!r} and random_replace_prob={self.random_replace_prob!r}: each "
+                "must be 0 or more and together at most 1 (BERT: 0.8 and 0.1; the rest keep their token)."
+            )
         for name in ("short_seq_prob", "warmup_ratio"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ScratchBertError(f"{name}={getattr(self, name)!r}: it must be in [0, 1).")
@@ -428,6 +439,7 @@ _VERSION_1_VALUES = {
 _ADDED_IN_VERSION = {
     3: {"streaming": False, "prepared_data": None, "long_phase": 0.0, "long_seq_length": None},
     4: {"objective": "mlm", "generator_layers": None, "discriminator_weight": 50.0},
+    5: {"mask_replace_prob": 0.8, "random_replace_prob": 0.1},
 }
 
 

@@ -268,8 +268,14 @@ class EpochPermutation(torch.utils.data.Sampler[int]):
             yield from order[start : start + self.CHUNK].tolist()
 
 
-def _collate(config: PretrainConfig, tokenizer, mlm_probability: float, seed: int) -> SeededCollator:
-    collator = DataCollatorForPretraining(tokenizer, mlm_probability=mlm_probability, whole_word_mask=config.whole_word_mask)
+def _collate(config: PretrainConfig, tokenizer, seed: int, evaluation: bool = False) -> SeededCollator:
+    # Evaluation masks at BERT's 15% with BERT's 80/10/10 whatever the training recipe: every
+    # evaluation, and every recipe, is scored on the same kind of task.
+    if evaluation:
+        masking = {"mlm_probability": EVAL_MLM_PROBABILITY}
+    else:
+        masking = {name: getattr(config, name) for name in ("mlm_probability", "mask_replace_prob", "random_replace_prob")}
+    collator = DataCollatorForPretraining(tokenizer, whole_word_mask=config.whole_word_mask, **masking)
     # Without NSP the model takes no next_sentence_label (sentence pairs still carry one).
     inputs = MODEL_INPUTS if config.nsp else tuple(name for name in MODEL_INPUTS if name != "next_sentence_label")
     return SeededCollator(collator, seed, model_inputs=inputs)
@@ -290,10 +296,8 @@ def _shuffled_loader(config: PretrainConfig, dataset: datasets.Dataset, collate:
 
 
 def make_dataloaders(config: PretrainConfig, tokenizer, train_dataset, eval_dataset, accelerator: Accelerator | None = None):
-    train_collate = _collate(config, tokenizer, config.mlm_probability, config.seed)
-    # Fixed masks at BERT's 15% whatever the training rate: every evaluation, and every
-    # recipe, is scored on the same kind of task.
-    eval_collate = _collate(config, tokenizer, EVAL_MLM_PROBABILITY, config.seed + 1)
+    train_collate = _collate(config, tokenizer, config.seed)
+    eval_collate = _collate(config, tokenizer, config.seed + 1, evaluation=True)
     if isinstance(train_dataset, datasets.IterableDataset):
         stream = streaming.ExampleStream(train_dataset, config.seed, rank=accelerator.process_index, world_size=accelerator.num_processes)
         train_loader = streaming.StreamLoader(stream, config.batch_size, train_collate, accelerator.device)
@@ -313,5 +317,5 @@ def make_long_loader(config: PretrainConfig, tokenizer, long_dataset: datasets.D
     """--long-phase: batches of long examples with about the tokens of a regular batch (BERT kept 256 examples of 512)."""
     long_length = config.long_seq_length or config.max_position_embeddings
     batch_size = max(1, config.batch_size * config.max_seq_length // long_length)
-    collate = _collate(config, tokenizer, config.mlm_probability, config.seed + 2)
+    collate = _collate(config, tokenizer, config.seed + 2)
     return _shuffled_loader(config, long_dataset, collate, batch_size, config.seed + 2), collate
