@@ -194,7 +194,7 @@ def held_out_mlm_accuracy(model_dir: Path, tokenizer, texts: list[str], max_seq_
 
 # What a fine-tuning run depends on besides its model: with --reuse, a run made with the same
 # values after the model was saved is not repeated.
-FINETUNE_ARGS = ("set", "train_examples", "validation_examples", "test_examples", "finetune_length", "epochs", "finetune_lr", "seed")
+FINETUNE_ARGS = ("set", "train_examples", "validation_examples", "test_examples", "finetune_length", "epochs", "finetune_lr", "pooling", "seed")
 
 
 def finetune_scores(args, model_dir: Path, data: dict, seed: int, out: Path) -> dict:
@@ -209,7 +209,8 @@ def finetune_scores(args, model_dir: Path, data: dict, seed: int, out: Path) -> 
             return saved["scores"]
     out.mkdir(parents=True, exist_ok=True)
     validation = {"validation_files": [str(data["validation"])]} if data["validation"] else {}
-    explicit = {name: value for name, value in (("epochs", args.epochs), ("learning_rate", args.finetune_lr)) if value is not None}
+    given = (("epochs", args.epochs), ("learning_rate", args.finetune_lr), ("pooling", args.pooling))
+    explicit = {name: value for name, value in given if value is not None}
     results = finetune_text_classification(
         str(model_dir), str(out), train_files=[str(labels_file(data, args.train_examples, seed, out))], **validation,
         test_files=[str(data["test"])], max_length=args.finetune_length, truncation="head+tail", seed=seed,
@@ -274,6 +275,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--finetune-length", type=int, default=256, help="tokens per document (head+tail)")
     parser.add_argument("--epochs", type=float, help="fine-tuning epochs (default: the command's)")
     parser.add_argument("--finetune-lr", type=float, help="fine-tuning peak learning rate (default: the command's, by width)")
+    parser.add_argument("--pooling", choices=["cls", "mean"], help="fine-tuning head's pooling (default: the command's, by width); its runs and table get their own names")
     parser.add_argument("--seeds", type=int, default=3, help="fine-tuning runs per row (each on another labelled subset)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--calibration-steps", type=int, default=20, help="timed steps of (d) before its run, to size its schedule")
@@ -290,6 +292,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.minutes <= 0:
         parser.error("--minutes must be positive")
     return args
+
+
+def finetune_settings(args) -> str:
+    """How the table's models were fine-tuned: the command's defaults, or what was given."""
+    given = [f"{name} {value}" for name, value in (("epochs", args.epochs), ("lr", args.finetune_lr), ("pooling", args.pooling)) if value is not None]
+    return ", ".join(given) if given else "the command defaults"
 
 
 def pretrain_option(text: str, parser: argparse.ArgumentParser) -> tuple[str, object]:
@@ -357,8 +365,9 @@ def main() -> None:
             table_rows[key]["mlm_accuracy"] = held_out_mlm_accuracy(mlm_model, tokenizer, mlm_texts, args.max_seq_length)
             table_rows[key]["tokens_per_second"] = table_rows[key]["tokens"] / table_rows[key]["seconds"]
     seeds = [args.seed + i for i in range(args.seeds)]
+    tag = f"-{args.pooling}" if args.pooling else ""  # fine-tuning with another head: its own runs and table
     for key, row in table_rows.items():
-        row["runs"] = [finetune_scores(args, row["dir"], data, seed, out / f"finetune-{key}-{seed}") for seed in seeds]
+        row["runs"] = [finetune_scores(args, row["dir"], data, seed, out / f"finetune-{key}{tag}-{seed}") for seed in seeds]
         print(f"{row['name']}: {json.dumps(row['runs'])}", flush=True)
     if "c" in args.rows:
         runs = [tfidf_scores(seed_labels(data, args.train_examples, seed), data["test_rows"]) for seed in seeds]
@@ -368,7 +377,7 @@ def main() -> None:
     lines = [
         f"{args.set}: pretraining budget {args.minutes:g} min, {args.preset} (seq {args.max_seq_length}, vocabulary {len(tokenizer)}"
         f"{''.join(f', {name}={value}' for name, value in args.pretrain_options.items())}), fine-tuned on {labels} "
-        f"({args.finetune_length} tokens head+tail, {'the command defaults' if args.epochs is None and args.finetune_lr is None else f'epochs {args.epochs}, lr {args.finetune_lr}'}), "
+        f"({args.finetune_length} tokens head+tail, {finetune_settings(args)}), "
         f"scored on {args.test_examples} test documents, {len(seeds)} seeds; CPU: {cpu_name()}, {torch.get_num_threads()} threads",
         "",
         "| model | test accuracy (mean ± 1σ) | macro-F1 (mean ± 1σ) | one-class runs | held-out MLM accuracy | pretraining steps | tokens/s |",
@@ -384,9 +393,9 @@ def main() -> None:
     table = "\n".join(lines)
     print("\n" + table)
     summary = {k: {n: (str(v) if isinstance(v, Path) else v) for n, v in row.items()} for k, row in table_rows.items()}
-    (out / "results.json").write_text(json.dumps({"args": vars(args), "rows": summary, "cpu": cpu_name()}, indent=2) + "\n")
-    (out / "results.md").write_text(table + "\n")
-    print(f"\n{math.ceil((time.perf_counter() - started) / 60)} minutes in all; results in {out}/results.md")
+    (out / f"results{tag}.json").write_text(json.dumps({"args": vars(args), "rows": summary, "cpu": cpu_name()}, indent=2) + "\n")
+    (out / f"results{tag}.md").write_text(table + "\n")
+    print(f"\n{math.ceil((time.perf_counter() - started) / 60)} minutes in all; results in {out}/results{tag}.md")
 
 
 if __name__ == "__main__":

@@ -125,6 +125,8 @@ def test_budget_bench_takes_each_sets_label_budget_unless_told(monkeypatch):
     assert imdb.rows == ["a", "b", "c", "d"] and bench.parse_args(["--rows", "a", "e", "c", "--skip", "c"]).rows == ["a", "e"]
     options = bench.parse_args(["--pretrain-option", "mask_replace_prob=1.0", "--pretrain-option", "packing=sentence-pairs"])
     assert imdb.pretrain_options == {} and options.pretrain_options == {"mask_replace_prob": 1.0, "packing": "sentence-pairs"}
+    assert bench.finetune_settings(bbc) == "the command defaults"
+    assert bench.finetune_settings(bench.parse_args(["--pooling", "mean", "--epochs", "3"])) == "epochs 3.0, pooling mean"
 
 
 def test_budget_bench_refuses_a_pretrain_option_pretraining_does_not_have():
