@@ -119,6 +119,8 @@ def test_budget_bench_takes_each_sets_label_budget_unless_told(monkeypatch):
     imdb, bbc = bench.parse_args([]), bench.parse_args(["--set", "bbc-news"])
     assert (imdb.train_examples, imdb.validation_examples, imdb.test_examples) == (2000, 500, 2000)
     assert (bbc.train_examples, bbc.validation_examples, bbc.test_examples) == (450, 0, 1000)
+    assert (imdb.preset, imdb.vocab_size, bbc.preset, bbc.vocab_size) == ("mini", 16384, "tiny", 4096)  # bbc: the command's defaults
+    assert bench.parse_args(["--set", "bbc-news", "--preset", "mini"]).preset == "mini"
     assert bench.parse_args(["--set", "bbc-news", "--train-examples", "400"]).train_examples == 400
     assert bench.parse_args(["--train-reviews", "300"]).train_examples == 300  # the old flag still works
     assert bbc.epochs is None and bbc.finetune_lr is None  # the command's own fine-tuning defaults
