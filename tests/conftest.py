@@ -107,6 +107,27 @@ def small_batch(padded: bool, vocab_size: int = 99) -> tuple:
     return ids, mask
 
 
+class FakeClock:
+    """Stands in for a module's `time` (`perf_counter` only): it moves when a test says, so a test
+    of a decision made by timing real calls does not depend on how loaded the machine is."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def fake_clock(monkeypatch, module) -> FakeClock:
+    """Replace `module.time` with a `FakeClock`, and return it."""
+    clock = FakeClock()
+    monkeypatch.setattr(module, "time", clock)
+    return clock
+
+
 class Preempted(Exception):
     """Stands for the process being killed."""
 

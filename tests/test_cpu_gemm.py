@@ -13,13 +13,12 @@ import copy
 import gc
 import json
 import logging
-import time
 import warnings
 
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import small_batch
+from conftest import fake_clock, small_batch
 from torch import nn
 
 import scratchbert.modeling_scratchbert as modeling
@@ -211,13 +210,14 @@ def test_decisions_persist_on_disk_and_only_available_kernels_are_read(monkeypat
 
 # ---- the proposal on trial: real calls decide ---------------------------------------------------
 def slow_down(monkeypatch, kernel: str, seconds: float = 0.02) -> list[str]:
-    """Make every real call of `kernel` `seconds` slower; returns the kernels of the calls made."""
+    """Make every real call of `kernel` take `seconds` longer than the other's on cpu_gemm's clock
+    (a `FakeClock`: the load of the machine cannot reorder them); returns the kernels of the calls made."""
     calls, original = [], cpu_gemm._run
+    clock = fake_clock(monkeypatch, cpu_gemm)
 
     def run(gemm, k, *args, **kwargs):
         calls.append(k)
-        if k == kernel:
-            time.sleep(seconds)
+        clock.advance(seconds if k == kernel else 0.001)
         return original(gemm, k, *args, **kwargs)
 
     monkeypatch.setattr(cpu_gemm, "_run", run)

@@ -11,13 +11,12 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import small_batch
+from conftest import fake_clock, small_batch
 from torch import nn
 
 import scratchbert.cpu_kernels as cpu_kernels
@@ -125,12 +124,12 @@ def test_attention_takes_the_kernel_faster_on_real_calls(monkeypatch, slower, de
     monkeypatch.setattr(cpu_gemm, "AMX_BF16", False)
     calls = []
     real = {"bmm": cpu_kernels.bmm_attention, "sdpa": cpu_kernels.sdpa_attention}
+    clock = fake_clock(monkeypatch, cpu_kernels)  # the load of the machine cannot reorder them
 
     def timed(kind):
         def attend(*args):
             calls.append(kind)
-            if kind == slower:
-                time.sleep(0.02)
+            clock.advance(0.02 if kind == slower else 0.001)
             return real[kind](*args)
         return attend
 
