@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 from accelerate.state import AcceleratorState
-from conftest import kill_after_saving, saved_tokenizer
+from conftest import TINY_GEOMETRY, kill_after_saving, saved_tokenizer
 
 from scratchbert.errors import ScratchBertError
 from scratchbert.training import checkpoint as ckpt
@@ -37,12 +37,7 @@ TOPICS = [words.split() for words in (
 )]  # fmt: skip
 
 TINY = {
-    "hidden_size": 32,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "intermediate_size": 64,
-    "max_position_embeddings": 64,
-    "max_seq_length": 32,
+    **TINY_GEOMETRY,
     "batch_size": 16,
     "eval_every": 0,
     "save_every": 0,
