@@ -52,7 +52,7 @@ import torch
 
 from labelled_sets import IMDB, SETS, cpu_name, imdb_set, tfidf_scores, write_jsonl  # scripts/labelled_sets.py
 
-from scratchbert.training.config import DEFAULT_VOCAB_SIZE
+from scratchbert.training.config import DEFAULT_VOCAB_SIZE, PretrainConfig
 
 # What a set's labelled examples default to: a label budget, a separate validation set (0: the
 # command holds 10% of the budget out), test documents.
@@ -77,7 +77,6 @@ def write_pretraining_text(rows: list[dict], target: Path) -> int:
 # ---------------------------------------------------------------------------------------------
 def pretrain_scratchbert(args, text_file: Path, tokenizer_dir: Path, out: Path, objective: str = "mlm") -> dict:
     """`scratchbert pretrain --time-budget` with the default recipe; `objective="electra"` for row (e)."""
-    from scratchbert.training.config import PretrainConfig
     from scratchbert.training.pretrain import pretrain
     from scratchbert.training.plotting import read_log
 
@@ -97,7 +96,6 @@ def pretrain_scratchbert(args, text_file: Path, tokenizer_dir: Path, out: Path, 
 # ---------------------------------------------------------------------------------------------
 def save_random_init(args, tokenizer, out: Path) -> None:
     from scratchbert import ScratchBertConfig, ScratchBertForMaskedLM
-    from scratchbert.training.config import PretrainConfig
 
     if args.reuse and (out / "model.safetensors").is_file():
         return
@@ -122,7 +120,6 @@ def pretrain_transformers(args, texts: list[str], tokenizer, out: Path) -> dict:
     from datasets import Dataset
     from transformers import BertConfig, BertForMaskedLM, DataCollatorForLanguageModeling, Trainer, TrainerCallback, TrainingArguments
 
-    from scratchbert.training.config import PretrainConfig
 
     geometry = PretrainConfig(preset=args.preset).model_kwargs()
     blocks = Dataset.from_dict({"input_ids": group_texts(tokenizer, texts, args.max_seq_length)})
@@ -214,8 +211,7 @@ def finetune_scores(args, model_dir: Path, data: dict, seed: int, out: Path) -> 
             return saved["scores"]
     out.mkdir(parents=True, exist_ok=True)
     validation = {"validation_files": [str(data["validation"])]} if data["validation"] else {}
-    given = (("epochs", args.epochs), ("learning_rate", args.finetune_lr), ("pooling", args.pooling))
-    explicit = {name: value for name, value in given if value is not None}
+    explicit = explicit_finetune_options(args)
     results = finetune_text_classification(
         str(model_dir), str(out), train_files=[str(labels_file(data, args.train_examples, seed, out))], **validation,
         test_files=[str(data["test"])], max_length=args.finetune_length, truncation="head+tail", seed=seed,
@@ -299,16 +295,20 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+def explicit_finetune_options(args) -> dict:
+    """The fine-tuning options given on the command line (the command decides the rest)."""
+    given = {"epochs": args.epochs, "learning_rate": args.finetune_lr, "pooling": args.pooling}
+    return {name: value for name, value in given.items() if value is not None}
+
+
 def finetune_settings(args) -> str:
     """How the table's models were fine-tuned: the command's defaults, or what was given."""
-    given = [f"{name} {value}" for name, value in (("epochs", args.epochs), ("lr", args.finetune_lr), ("pooling", args.pooling)) if value is not None]
+    given = [f"{name} {value}" for name, value in explicit_finetune_options(args).items()]
     return ", ".join(given) if given else "the command defaults"
 
 
 def pretrain_option(text: str, parser: argparse.ArgumentParser) -> tuple[str, object]:
     """`NAME=VALUE` of --pretrain-option: VALUE as JSON (numbers, true/false, null), else as text."""
-    from scratchbert.training.config import PretrainConfig
-
     name, equals, value = text.partition("=")
     if not equals or name not in PretrainConfig.__dataclass_fields__:
         parser.error(f"--pretrain-option {text!r}: give NAME=VALUE with NAME an option of PretrainConfig (e.g. mask_replace_prob=1.0)")
