@@ -35,6 +35,15 @@ thread count).
 `SCRATCHBERT_GEMM=mkl` turns all of this off (every product on torch's own call, the plain path),
 `SCRATCHBERT_GEMM=onednn` forces oneDNN, `auto` (the default) measures.
 
+A choice made by timing can differ between two runs of the same program, and in training a
+different kernel (a different summation order) grows into different weights: two fine-tuning runs
+with one seed end apart. Where torch's deterministic mode is on (`torch.use_deterministic_algorithms`,
+which `TrainingArguments(full_determinism=True)` and `scratchbert finetune --full-determinism` turn
+on), nothing is chosen by timing: `auto` acts as `mkl`, and attention runs on the candidate
+training uses, without a trial. The same seed then gives the same weights, at torch's own speed.
+Reproducible *and* fast: name a `SCRATCHBERT_GEMM_CACHE` file, and every run after the first
+reads the first one's decisions.
+
 Nothing is rerouted off the CPU, for dtypes other than fp32 and bf16, for products too small to
 matter (`MIN_FLOPS`), under a tracer or compiler (torch.compile, torch.export, ONNX export record
 the plain `F.linear`), or on a CPU that is not x86-64 (aarch64 has no MKL and another oneDNN
@@ -323,10 +332,13 @@ _disk: dict[str, dict[str, str]] = {}  # path -> its decisions, read once
 
 
 def _override() -> str:
+    """`SCRATCHBERT_GEMM`; "auto" reads as "mkl" in torch's deterministic mode (no choice by timing)."""
     value = os.environ.get("SCRATCHBERT_GEMM", "auto").strip().lower() or "auto"
     if value not in OVERRIDES:
         raise ValueError(f"SCRATCHBERT_GEMM={value!r}: use one of {', '.join(OVERRIDES)} "
                          "(auto measures; mkl is torch's own call everywhere; onednn forces oneDNN)")
+    if value == "auto" and torch.are_deterministic_algorithms_enabled():
+        return "mkl"
     return value
 
 
@@ -731,16 +743,16 @@ def attention_kernel(query: torch.Tensor) -> str:
     Where two batched GEMMs are a candidate (`use_bmm_attention`), the first real calls of each
     length bucket alternate between them and SDPA, `CONFIRM_CALLS` timed calls each (time per
     sequence-head and squared length), and the GEMMs stay only if `MARGIN` faster. A rule per CPU
-    kind had them win on one CPU and lose on another. In training the candidate is used (no trial:
-    see `_Trial`).
+    kind had them win on one CPU and lose on another. In training, and in torch's deterministic
+    mode, the candidate is used (no trial: see `_Trial`).
     """
     if not use_bmm_attention(query):
         return "sdpa"
     key = _attention_key(query)
     if key in ATTENTION_DECISIONS:
         return ATTENTION_DECISIONS[key]
-    if CONFIRM_CALLS <= 0 or torch.is_grad_enabled():  # training: no trial (see `_Trial`)
-        return "bmm"
+    if CONFIRM_CALLS <= 0 or torch.is_grad_enabled() or torch.are_deterministic_algorithms_enabled():
+        return "bmm"  # training or deterministic mode: no trial (see `_Trial`)
     return ATTENTION_TRIALS.setdefault(key, _Trial("bmm", baseline="sdpa")).next_kernel()
 
 

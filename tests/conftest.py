@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 
 import pytest
@@ -98,6 +99,20 @@ def fresh_accelerator_state():
     AcceleratorState._reset_state(reset_partial_state=True)
     yield
     AcceleratorState._reset_state(reset_partial_state=True)
+
+
+@pytest.fixture
+def deterministic_mode():
+    """Restores what torch's deterministic mode changes (`transformers.enable_full_determinism`, which
+    `TrainingArguments(full_determinism=True)` calls, sets it and environment variables for good)."""
+    mode = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+    cudnn = (torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
+    environment = dict(os.environ)
+    yield
+    torch.use_deterministic_algorithms(mode[0], warn_only=mode[1])
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = cudnn
+    os.environ.clear()
+    os.environ.update(environment)
 
 
 def small_batch(padded: bool, vocab_size: int = 99) -> tuple:

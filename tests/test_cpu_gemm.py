@@ -111,6 +111,30 @@ def test_the_override_decides_without_measuring(monkeypatch, override, inference
     assert measured == [] and cpu_gemm.DECISIONS == {}
 
 
+@needs_onednn
+def test_deterministic_mode_chooses_nothing_by_timing(monkeypatch, deterministic_mode):
+    """In torch's deterministic mode a choice by timing could differ between two runs: every product
+    takes torch's own call and attention its training candidate, unmeasured and untried, until the
+    mode is off again. A forced `SCRATCHBERT_GEMM=onednn` still wins (it times nothing either)."""
+    measured = favour(monkeypatch, "onednn")
+    monkeypatch.setattr(cpu_gemm, "CONFIRM_CALLS", 3)
+    monkeypatch.setattr(cpu_gemm, "BMM_ATTENTION_MAX_LENGTH", 128)
+    monkeypatch.setattr(cpu_gemm, "AMX_BF16", False)
+    torch.use_deterministic_algorithms(True)
+    for inference in (True, False):
+        assert cpu_gemm.choose(gemm(inference=inference)) == "mkl"
+    with torch.no_grad():  # in inference the two attention kernels would otherwise take turns on trial
+        assert [cpu_gemm.attention_kernel(torch.randn(2, 4, 10, 8)) for _ in range(3)] == ["bmm"] * 3
+    assert measured == [] and cpu_gemm.DECISIONS == {} and cpu_gemm.TRIALS == cpu_gemm.ATTENTION_TRIALS == {}
+    layer, x = nn.Linear(48, 40), torch.randn(300, 48)
+    assert torch.equal(cpu_gemm.linear(x, layer), F.linear(x, layer.weight, layer.bias))  # the plain call itself
+    monkeypatch.setenv("SCRATCHBERT_GEMM", "onednn")
+    assert cpu_gemm.choose(gemm(inference=False)) == "onednn"
+    monkeypatch.delenv("SCRATCHBERT_GEMM")
+    torch.use_deterministic_algorithms(False)
+    assert cpu_gemm.choose(gemm(inference=False)) == "onednn" and measured  # measured again outside the mode
+
+
 def test_a_bad_override_says_what_to_write(monkeypatch):
     monkeypatch.setenv("SCRATCHBERT_GEMM", "fastest")
     with pytest.raises(ValueError, match="one of auto, mkl, onednn"):

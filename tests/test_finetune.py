@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 from datasets import ClassLabel, Dataset, DatasetDict
+from safetensors.torch import load_file
 from transformers import (
     AutoModelForSequenceClassification,
     BertConfig,
@@ -34,6 +35,7 @@ from scratchbert import (
     ScratchBertForQuestionAnswering,
     ScratchBertForSequenceClassification,
     ScratchBertForTokenClassification,
+    cpu_gemm,
 )
 import scratchbert.commands
 from scratchbert.tokenization import tokenizer_from_vocab
@@ -51,6 +53,7 @@ from scratchbert.training.finetune import (
     default_learning_rate,
     default_pooling,
     encode_labels,
+    finetune_text_classification,
     fitted_schedule,
     label_names_of,
     load_sequence_classifier,
@@ -142,6 +145,40 @@ def trainer_args(tmp_path, **overrides) -> TrainingArguments:
         use_cpu=True, seed=0, logging_steps=1000,
     )  # fmt: skip
     return TrainingArguments(**{**settings, **overrides})
+
+
+# --------------------------------------------------------------------------- reproducibility
+
+
+@pytest.mark.skipif(not cpu_gemm.ONEDNN or cpu_gemm.CAPABILITIES is None, reason="one kernel only here: nothing is chosen by timing")
+def test_full_determinism_gives_the_same_weights_whatever_the_kernel_timings(tmp_path, monkeypatch, scratch_checkpoint, deterministic_mode):
+    """Two runs of one seed whose kernel measurements disagree (as two processes on a busy machine
+    can) end with identical weights under --full-determinism; without it the kernels are timed."""
+    monkeypatch.setattr(cpu_gemm, "MIN_FLOPS", 0)  # the tiny model's products are rerouted as a real model's are
+    measured = []
+
+    def measure(gemm):  # each measurement finds the other kernel faster
+        measured.append(gemm)
+        fastest = ("mkl", "onednn")[len(measured) % 2]
+        return {kernel: 0.5 if kernel == fastest else 1.0 for kernel in cpu_gemm.candidates(gemm)}
+
+    monkeypatch.setattr(cpu_gemm, "measure", measure)
+    train = write_csv(tmp_path / "train.csv", sentiment_rows(48, seed=1))
+
+    def run(name: str, full_determinism: bool) -> dict:
+        for memo in ("DECISIONS", "TRIALS", "ATTENTION_DECISIONS", "ATTENTION_TRIALS"):
+            monkeypatch.setattr(cpu_gemm, memo, {})  # what a new process starts with
+        finetune_text_classification(
+            scratch_checkpoint, tmp_path / name, train_files=[str(train)], epochs=2, batch_size=8, learning_rate=3e-3,
+            seed=0, full_determinism=full_determinism, show_progress=False,
+        )  # fmt: skip
+        return load_file(tmp_path / name / "model.safetensors")
+
+    first, second = run("first", True), run("second", True)
+    assert measured == []
+    assert first.keys() == second.keys() and all(torch.equal(first[name], second[name]) for name in first)
+    run("timed", False)
+    assert measured and not torch.are_deterministic_algorithms_enabled()  # without the flag (and after one) the kernels are timed
 
 
 # --------------------------------------------------------------------------- metrics and labels

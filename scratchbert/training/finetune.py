@@ -31,14 +31,17 @@ Shapes: N = examples, T = tokens per example (padded), K = number of labels.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
+import torch
 from transformers import EarlyStoppingCallback
 
 from scratchbert.configuration_scratchbert import CLASSIFIER_POOLINGS
@@ -607,6 +610,10 @@ class FinetuneConfig(ConfigFile):
     )  # fmt: skip
     reinit_head: bool = field(default=False, metadata={"help": "train a new head even if the checkpoint has one"})
     seed: int = field(default=42, metadata={"help": "seed of the new head, the data order and dropout"})
+    full_determinism: bool = field(
+        default=False,
+        metadata={"help": "the same weights from the same seed on this machine: torch's deterministic mode, and no CPU kernel chosen by timing (slower; docs/finetuning.md)"},
+    )  # fmt: skip
     logging_steps: int = field(default=50, metadata={"help": "log the training loss every N steps"})
     overwrite: bool = field(default=False, metadata={"help": "allow a non-empty --output-dir"})
     show_progress: bool = field(default=True, metadata={"help": "show Trainer's progress bars"})
@@ -750,6 +757,30 @@ def finetune_text_classification(checkpoint: str | Path, output_dir: str | Path,
     return finetune(config, model_class=model_class)
 
 
+# What `transformers.enable_full_determinism` (Trainer's `full_determinism`) sets for the rest of the process.
+DETERMINISM_ENVIRONMENT = ("CUDA_LAUNCH_BLOCKING", "CUBLAS_WORKSPACE_CONFIG", "ASCEND_LAUNCH_BLOCKING", "HCCL_DETERMINISTIC", "FLASH_ATTENTION_DETERMINISTIC")
+
+
+@contextlib.contextmanager
+def determinism_restored():
+    """Put back what Trainer's `full_determinism` changes for good: torch's deterministic mode (which
+    also keeps every CPU product on torch's own kernel, `cpu_gemm`), cuDNN's flags and the
+    environment variables above, so work after a reproducible run runs at full speed."""
+    mode = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+    cudnn = (torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
+    environment = {name: os.environ.get(name) for name in DETERMINISM_ENVIRONMENT}
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(mode[0], warn_only=mode[1])
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = cudnn
+        for name, value in environment.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 def finetune(config: FinetuneConfig, model_class=None) -> dict[str, Any]:
     """Fine-tune as `config` says.
 
@@ -767,8 +798,6 @@ def finetune(config: FinetuneConfig, model_class=None) -> dict[str, Any]:
          (`early_stopping_record`), "collapsed": None or {split: {...}, "advice": ...}}
         with metrics named without Trainer's "eval_" prefix.
     """
-    from transformers import TrainingArguments, set_seed
-
     checkpoint, max_length = config.checkpoint, config.max_length
     check_weights(checkpoint)  # a missing, truncated or corrupt weight file fails here, in one line
     model_config = read_model_config(checkpoint)
@@ -798,6 +827,15 @@ def finetune(config: FinetuneConfig, model_class=None) -> dict[str, Any]:
         schedule["epochs"], schedule["steps_per_epoch"], schedule["chosen_by"]["epochs"],
     )  # fmt: skip
 
+    with determinism_restored():
+        return _train_and_score(config, model_class, tokenizer, splits, label_names, schedule, output_dir)
+
+
+def _train_and_score(config: FinetuneConfig, model_class, tokenizer, splits, label_names, schedule: dict, output_dir: Path) -> dict[str, Any]:
+    """`finetune`'s training, selection, scoring and saving, on the checked and tokenized data."""
+    from transformers import TrainingArguments, set_seed
+
+    checkpoint = config.checkpoint
     set_seed(config.seed)  # the new head's initialisation and the data order
     model = load_sequence_classifier(checkpoint, label_names, reinit_head=config.reinit_head, model_class=model_class, pooling=config.pooling)
     args = TrainingArguments(
@@ -818,6 +856,7 @@ def finetune(config: FinetuneConfig, model_class=None) -> dict[str, Any]:
         save_only_model=True,  # epoch checkpoints are for picking the best, not for resuming: no optimizer state
         logging_steps=config.logging_steps,
         seed=config.seed,
+        full_determinism=config.full_determinism,
         report_to="none",
         disable_tqdm=not config.show_progress,
     )
