@@ -42,7 +42,8 @@ which `TrainingArguments(full_determinism=True)` and `scratchbert finetune --ful
 on), nothing is chosen by timing: `auto` acts as `mkl`, and attention runs on the candidate
 training uses, without a trial. The same seed then gives the same weights, at torch's own speed.
 Reproducible *and* fast: name a `SCRATCHBERT_GEMM_CACHE` file, and every run after the first
-reads the first one's decisions.
+reads the first one's decisions. `scratchbert pretrain` keeps its decisions in its output folder
+(`decisions_kept_in`), so `--resume` continues on the kernels the stopped run chose.
 
 Nothing is rerouted off the CPU, for dtypes other than fp32 and bf16, for products too small to
 matter (`MIN_FLOPS`), under a tracer or compiler (torch.compile, torch.export, ONNX export record
@@ -62,6 +63,7 @@ Attention over short sequences on CPUs without AMX has two candidates, SDPA and 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -329,6 +331,7 @@ class _Trial:
 DECISIONS: dict[tuple[Gemm, int], str] = {}  # (gemm, torch threads) -> kernel
 TRIALS: dict[tuple[Gemm, int], _Trial] = {}  # (gemm, torch threads) -> a proposal still on trial
 _disk: dict[str, dict[str, str]] = {}  # path -> its decisions, read once
+_kept_in: list[Path] = []  # the files of the `decisions_kept_in` blocks open now, innermost last
 
 
 def _override() -> str:
@@ -342,8 +345,26 @@ def _override() -> str:
     return value
 
 
+@contextlib.contextmanager
+def decisions_kept_in(path: str | Path):
+    """Within the block, keep every decision in the JSON file `path`, and take those already there.
+
+    What `SCRATCHBERT_GEMM_CACHE` does for a whole process (and when it is set, it wins), for one
+    piece of work: `scratchbert pretrain` keeps its run's decisions in its output folder, so a
+    resumed run multiplies on the kernels the stopped one chose instead of timing them again, and
+    ends with the weights of an uninterrupted run (a kernel chosen otherwise sums in another order).
+    """
+    path = Path(path)
+    _disk.pop(str(path), None)  # read afresh: the folder may have been cleared since
+    _kept_in.append(path)
+    try:
+        yield
+    finally:
+        _kept_in.remove(path)
+
+
 def _disk_decisions() -> tuple[Path | None, dict[str, str]]:
-    path = os.environ.get("SCRATCHBERT_GEMM_CACHE")
+    path = os.environ.get("SCRATCHBERT_GEMM_CACHE") or (str(_kept_in[-1]) if _kept_in else None)
     if not path:
         return None, {}
     if path not in _disk:
@@ -417,8 +438,11 @@ def _decide(gemm: Gemm, kernel: str) -> None:
     if path is not None and saved.get(gemm.key()) != kernel:
         saved[gemm.key()] = kernel
         tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(saved, indent=1, sort_keys=True))
-        os.replace(tmp, path)
+        try:
+            tmp.write_text(json.dumps(saved, indent=1, sort_keys=True))
+            os.replace(tmp, path)  # whole or not at all: a reader never sees half a file
+        except OSError as error:  # the decision stands for this process; only its record is lost
+            _warn_once(f"cpu_gemm: cannot write kernel decisions to {path} ({error}); they are kept in this process only")
 
 
 @functools.cache

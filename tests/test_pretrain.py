@@ -19,7 +19,7 @@ from accelerate import Accelerator
 from accelerate.state import AcceleratorState
 from conftest import TINY_PRETRAIN, documentation_corpus, run_config_maker, run_log, kill_after_saving, saved_tokenizer
 
-from scratchbert import ScratchBertConfig, ScratchBertForPreTraining
+from scratchbert import ScratchBertConfig, ScratchBertForPreTraining, cpu_gemm
 from scratchbert.training import checkpoint as ckpt
 from scratchbert.training import pretrain as pretrain_module
 from scratchbert.training import schedules
@@ -233,6 +233,44 @@ def test_stopped_and_resumed_run_ends_with_identical_weights(finished_run, tiny_
     # The log of the resumed run reads as one run: same losses, step by step.
     losses = lambda d: [(r["step"], r["loss"]) for r in run_log(d) if r["type"] == "train"]  # noqa: E731
     assert losses(output_dir) == losses(finished_run)
+
+
+@pytest.mark.skipif(not cpu_gemm.ONEDNN or cpu_gemm.CAPABILITIES is None, reason="one kernel only here: nothing is chosen by timing")
+def test_a_resumed_run_multiplies_on_the_kernels_the_stopped_run_chose(tiny_config, tmp_path, monkeypatch):
+    """Each process times its CPU kernels afresh, and a busy machine can reorder two close ones; a
+    resumed process that picked another kernel would sum in another order. The run keeps its
+    decisions in its folder, and the resumed process takes them: no training product timed again,
+    and the uninterrupted run's weights."""
+    monkeypatch.setattr(cpu_gemm, "MIN_FLOPS", 0)  # the tiny model's products are rerouted as a real model's are
+    monkeypatch.delenv("SCRATCHBERT_GEMM_CACHE", raising=False)
+    measured, fastest = [], ["onednn"]
+
+    def measure(gemm):  # this process's timings: fastest[0] wins
+        measured.append(gemm)
+        return {kernel: 0.5 if kernel == fastest[0] else 1.0 for kernel in cpu_gemm.candidates(gemm)}
+
+    def new_process() -> None:
+        for memo in ("DECISIONS", "TRIALS", "ATTENTION_DECISIONS", "ATTENTION_TRIALS"):
+            monkeypatch.setattr(cpu_gemm, memo, {})
+        AcceleratorState._reset_state(reset_partial_state=True)
+
+    monkeypatch.setattr(cpu_gemm, "measure", measure)
+    new_process()
+    pretrain(tiny_config(tmp_path / "full"))
+    assert "onednn" in cpu_gemm.DECISIONS.values()
+    expected = final_weights(tmp_path / "full")
+
+    new_process()
+    stopped = tmp_path / "stopped"
+    kill_after_saving(monkeypatch, 4, lambda: pretrain(tiny_config(stopped)))
+    assert "onednn" in json.loads((stopped / "kernel_decisions.json").read_text()).values()
+    new_process()
+    measured.clear()
+    fastest[0] = "mkl"  # what the resumed process would choose, were it to time them
+    pretrain(tiny_config(stopped, resume=True))
+    assert [gemm for gemm in measured if not gemm.inference] == []
+    resumed = final_weights(stopped)
+    assert all(torch.equal(expected[name], resumed[name]) for name in expected)
 
 
 def test_finished_run_reloads_with_auto_classes_and_fill_mask(finished_run):

@@ -5,6 +5,8 @@
       tokenizer/             the tokenizer the run started with (a resumed run keeps it)
       checkpoints/           `checkpoint.py`
       train_log.jsonl        `run_log.RunLog`; logs/ holds Accelerate's trackers
+      kernel_decisions.json  the CPU kernel each matrix product runs on (`cpu_gemm.decisions_kept_in`):
+                             a resumed or overwriting run on this machine takes them instead of timing again
       config.json, model.safetensors, the tokenizer's files, training_curves.png: the finished model
       generator/             with --objective electra: the generator (the model above is the discriminator)
 """
@@ -24,6 +26,7 @@ from scratchbert.training.electra import GENERATOR_DIR, ElectraForPretraining
 
 LOG_FILE = "train_log.jsonl"
 CURVES_FILE = "training_curves.png"
+KERNEL_DECISIONS_FILE = "kernel_decisions.json"
 RUN_CONFIG_FILE = "pretrain_config.json"
 # What a finished run leaves in its folder besides checkpoints/ (the model, its tokenizer, the record).
 FINAL_FILES = ("config.json", "model.safetensors", "pytorch_model.bin", "generation_config.json", LOG_FILE, CURVES_FILE)

@@ -51,6 +51,7 @@ from accelerate import Accelerator
 from accelerate.utils import gather_object, set_seed
 from torch.utils.data import DataLoader
 
+from scratchbert import cpu_gemm
 from scratchbert.configuration_scratchbert import ScratchBertConfig
 from scratchbert.errors import NonFiniteLossError, ScratchBertError
 from scratchbert.inspection import fill_mask, load_masked_lm
@@ -63,7 +64,7 @@ from scratchbert.training.corpus import build_data, check_vocabulary, make_datal
 from scratchbert.training.data import progress_bars
 from scratchbert.training.electra import GENERATOR_DIR, ElectraForPretraining
 from scratchbert.training.evaluation import evaluate, weight_checksum
-from scratchbert.training.output_folder import CURVES_FILE, LOG_FILE, check_output_dir, prepare_output_dir, save_final_model
+from scratchbert.training.output_folder import CURVES_FILE, KERNEL_DECISIONS_FILE, LOG_FILE, check_output_dir, prepare_output_dir, save_final_model
 from scratchbert.training.prepared import load_prepared
 from scratchbert.training.plotting import plot_training_curves, read_log
 from scratchbert.training.run_log import RunLog, progress_bar, train_record
@@ -440,7 +441,8 @@ def pretrain(config: PretrainConfig, model_class=None, config_class=None, timer=
     `timer` is the clock a `--time-budget` is measured on (tests pass one of their own).
     """
     started, cpu_started = time.perf_counter(), time.process_time()
-    with progress_bars(config.progress_bar):  # progress_bar=False silences datasets' and transformers' bars too
+    kernels = cpu_gemm.decisions_kept_in(Path(config.output_dir) / KERNEL_DECISIONS_FILE)  # --resume multiplies on the same kernels
+    with progress_bars(config.progress_bar), kernels:  # progress_bar=False silences datasets' and transformers' bars too
         run, resume_state = setup(config, model_class, config_class)
         resume(run, resume_state)
         run.setup_seconds = time.perf_counter() - started
