@@ -101,6 +101,14 @@ def fresh_accelerator_state():
     AcceleratorState._reset_state(reset_partial_state=True)
 
 
+def forget_kernel_choices(monkeypatch) -> None:
+    """What a new process starts with: no CPU kernel decided or on trial (`scratchbert.cpu_gemm`)."""
+    from scratchbert import cpu_gemm
+
+    for memo in ("DECISIONS", "TRIALS", "ATTENTION_DECISIONS", "ATTENTION_TRIALS"):
+        monkeypatch.setattr(cpu_gemm, memo, {})
+
+
 @pytest.fixture
 def deterministic_mode():
     """Restores what torch's deterministic mode changes (`transformers.enable_full_determinism`, which

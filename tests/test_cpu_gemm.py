@@ -18,7 +18,7 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import fake_clock, small_batch
+from conftest import fake_clock, forget_kernel_choices, small_batch
 from torch import nn
 
 import scratchbert.modeling_scratchbert as modeling
@@ -37,10 +37,7 @@ needs_onednn = pytest.mark.skipif(not cpu_gemm.ONEDNN, reason="this torch cannot
 def fresh_decisions(monkeypatch):
     """Each test starts with no remembered decision, no disk cache, auto mode, every product rerouted,
     and proposals decided at once (the trial on real calls has tests of its own)."""
-    monkeypatch.setattr(cpu_gemm, "DECISIONS", {})
-    monkeypatch.setattr(cpu_gemm, "TRIALS", {})
-    monkeypatch.setattr(cpu_gemm, "ATTENTION_DECISIONS", {})
-    monkeypatch.setattr(cpu_gemm, "ATTENTION_TRIALS", {})
+    forget_kernel_choices(monkeypatch)
     monkeypatch.setattr(cpu_gemm, "CONFIRM_CALLS", 0)
     monkeypatch.setattr(cpu_gemm, "_disk", {})
     monkeypatch.delenv("SCRATCHBERT_GEMM", raising=False)

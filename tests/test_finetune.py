@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 from datasets import ClassLabel, Dataset, DatasetDict
+from conftest import forget_kernel_choices
 from safetensors.torch import load_file
 from transformers import (
     AutoModelForSequenceClassification,
@@ -166,8 +167,7 @@ def test_full_determinism_gives_the_same_weights_whatever_the_kernel_timings(tmp
     train = write_csv(tmp_path / "train.csv", sentiment_rows(48, seed=1))
 
     def run(name: str, full_determinism: bool) -> dict:
-        for memo in ("DECISIONS", "TRIALS", "ATTENTION_DECISIONS", "ATTENTION_TRIALS"):
-            monkeypatch.setattr(cpu_gemm, memo, {})  # what a new process starts with
+        forget_kernel_choices(monkeypatch)  # what a new process starts with
         finetune_text_classification(
             scratch_checkpoint, tmp_path / name, train_files=[str(train)], epochs=2, batch_size=8, learning_rate=3e-3,
             seed=0, full_determinism=full_determinism, show_progress=False,

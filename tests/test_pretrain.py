@@ -17,7 +17,7 @@ import torch
 import yaml
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState
-from conftest import TINY_PRETRAIN, documentation_corpus, run_config_maker, run_log, kill_after_saving, saved_tokenizer
+from conftest import TINY_PRETRAIN, documentation_corpus, forget_kernel_choices, run_config_maker, run_log, kill_after_saving, saved_tokenizer
 
 from scratchbert import ScratchBertConfig, ScratchBertForPreTraining, cpu_gemm
 from scratchbert.training import checkpoint as ckpt
@@ -250,8 +250,7 @@ def test_a_resumed_run_multiplies_on_the_kernels_the_stopped_run_chose(tiny_conf
         return {kernel: 0.5 if kernel == fastest[0] else 1.0 for kernel in cpu_gemm.candidates(gemm)}
 
     def new_process() -> None:
-        for memo in ("DECISIONS", "TRIALS", "ATTENTION_DECISIONS", "ATTENTION_TRIALS"):
-            monkeypatch.setattr(cpu_gemm, memo, {})
+        forget_kernel_choices(monkeypatch)
         AcceleratorState._reset_state(reset_partial_state=True)
 
     monkeypatch.setattr(cpu_gemm, "measure", measure)
