@@ -612,7 +612,7 @@ class FinetuneConfig(ConfigFile):
     seed: int = field(default=42, metadata={"help": "seed of the new head, the data order and dropout"})
     full_determinism: bool = field(
         default=False,
-        metadata={"help": "the same weights from the same seed on this machine: torch's deterministic mode, and no CPU kernel chosen by timing (slower; docs/finetuning.md)"},
+        metadata={"help": "the same weights from the same seed on this machine: torch's deterministic mode, and no CPU kernel chosen by timing (slower where another kernel was faster; docs/finetuning.md)"},
     )  # fmt: skip
     logging_steps: int = field(default=50, metadata={"help": "log the training loss every N steps"})
     overwrite: bool = field(default=False, metadata={"help": "allow a non-empty --output-dir"})
