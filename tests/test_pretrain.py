@@ -17,7 +17,7 @@ import torch
 import yaml
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState
-from conftest import TINY_PRETRAIN, documentation_corpus, forget_kernel_choices, run_config_maker, run_log, kill_after_saving, saved_tokenizer
+from conftest import TINY_PRETRAIN, documentation_corpus, forget_kernel_choices, tiny_bert_config, run_config_maker, run_log, kill_after_saving, saved_tokenizer
 
 from scratchbert import ScratchBertConfig, ScratchBertForPreTraining, cpu_gemm
 from scratchbert.training import checkpoint as ckpt
@@ -314,6 +314,59 @@ def test_bf16_mixed_precision_trains_on_cpu_like_fp32(tiny_config, tmp_path):
     assert losses["bf16"][0] == pytest.approx(losses["no"][0], rel=0.01)  # same weights and batch at step 1
     assert losses["bf16"][0] != losses["no"][0]  # but computed in bf16: autocast was on
     assert all(t.dtype == torch.float32 for t in final_weights(tmp_path / "bf16").values())
+
+
+# --- the bag-of-words plateau -----------------------------------------------------------
+
+
+def test_evaluation_scores_the_guess_that_reads_no_context():
+    """Six scored tokens: one left as it was (the collator's "keep"), four [MASK]s with targets 7, 9, 9, 7 and
+    one random replacement of a 9. Reading no context, one guesses the kept token and the most frequent
+    [MASK]ed target: 1 + 2 of 6. Without the [MASK] id the random replacement's 9 would count too: 1 + 3."""
+    from scratchbert import ScratchBertForMaskedLM
+    from scratchbert.training.evaluation import evaluate
+
+    mask = 4
+    input_ids = torch.tensor([[2, mask, mask, 30, 9, 3], [mask, 31, 32, 20, 33, mask]])
+    labels = torch.full_like(input_ids, -100)
+    labels[0, [1, 2, 4]] = torch.tensor([7, 9, 9])
+    labels[1, [0, 3, 5]] = torch.tensor([9, 9, 7])
+    batch = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids), "token_type_ids": torch.zeros_like(input_ids), "labels": labels}
+    model = ScratchBertForMaskedLM(tiny_bert_config(vocab_size=40))
+    metrics = evaluate(model, [batch], Accelerator(cpu=True), mask_token_id=mask)
+    assert metrics["eval_masked_tokens"] == 6 and metrics["context_free_accuracy"] == pytest.approx(3 / 6)
+    assert evaluate(model, [batch], Accelerator(cpu=True))["context_free_accuracy"] == pytest.approx(4 / 6)
+
+
+@pytest.mark.parametrize(
+    "metrics, warned",
+    [
+        ({"mlm_accuracy": 0.135, "context_free_accuracy": 0.136}, True),  # BBC News, tiny, at step 1,600: the plateau
+        ({"mlm_accuracy": 0.044, "context_free_accuracy": 0.136}, True),  # never learned to copy a kept token
+        ({"mlm_accuracy": 0.165, "context_free_accuracy": 0.136}, False),  # 200 steps later: it reads context
+        ({"mlm_accuracy": 0.10, "context_free_accuracy": 0.05, "rtd_accuracy": 0.863, "replaced_fraction": 0.137}, True),
+        ({"mlm_accuracy": 0.05, "context_free_accuracy": 0.05, "rtd_accuracy": 0.92, "replaced_fraction": 0.137}, False),
+    ],
+)
+def test_plateau_report(metrics, warned):
+    from scratchbert.training.evaluation import plateau_report
+
+    report = plateau_report(metrics)
+    assert (report is not None) == warned
+    if warned:
+        assert "not yet learned to read context" in report and "--time-budget" in report and "--vocab-size" in report
+        assert ("replaced-token detection" in report) == ("rtd_accuracy" in metrics)
+
+
+def test_a_run_that_ends_on_the_plateau_says_so(finished_run, tiny_config, tmp_path, capsys):
+    """Eight steps teach a model word frequencies at most: the run says so, and logs the guess it is measured against."""
+    pretrain(tiny_config(tmp_path / "short", max_steps=4))
+    out = capsys.readouterr().out
+    assert "guessing from word frequencies alone" in out
+    assert "warning: the model has not yet learned to read context" in out
+    final = run_log(tmp_path / "short")[-1]
+    assert final["mlm_accuracy"] < final["context_free_accuracy"] + 0.02
+    assert all(0 < r["context_free_accuracy"] < 1 for r in run_log(finished_run) if r["type"] == "eval")
 
 
 # --- errors ------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from scratchbert.training import pretrain as pretrain_module
 from scratchbert.training.config import RECIPES, PretrainConfig
 from scratchbert.training.config_file import add_config_arguments, config_from_args
 from scratchbert.training.data import build_packed_dataset, pack_token_stream, tokenize_documents
+from scratchbert.training.evaluation import plateau_report
 from scratchbert.training.pretrain import LOG_FILE, pretrain
 from scratchbert.training.schedules import TimeBudgetSchedule, TrainingClock
 
@@ -280,6 +281,7 @@ def test_short_pretraining_climbs_clearly_above_the_unigram_baseline(recipe, top
     baseline = unigram_accuracy(topic_corpus, topic_tokenizer)
     assert baseline < 0.15
     assert final["mlm_accuracy"] > baseline + 0.15, (final["mlm_accuracy"], baseline)
+    assert plateau_report(final) is None, final  # it reads context: no warning (test_pretrain.py: one that does not is warned)
     saved = json.loads((output_dir / "config.json").read_text())
     trained = json.loads((output_dir / "pretrain_config.json").read_text())
     # Whatever dropout pretraining used, the saved model carries fine-tuning's (BERT's 0.1).

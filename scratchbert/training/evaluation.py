@@ -8,6 +8,12 @@ An ELECTRA model (`electra.py`) reports its generator's MLM figures under the sa
 `replaced_fraction` (the share of real tokens the generator's samples changed). Its samples come
 from a generator seeded afresh at every evaluation: the figures are deterministic, and the
 training run's random stream is left untouched.
+
+Next to the model's accuracy stands that of a guess that reads no context,
+`context_free_accuracy`: at each scored position, the token shown there when the collator left
+one (its 10% "keep"), else the most frequent target. A small model first learns exactly that
+guess (the "bag-of-words plateau") and only later to read the words around a mask;
+`plateau_report` says when a run ended before that.
 """
 
 from __future__ import annotations
@@ -25,21 +31,24 @@ from scratchbert.training.electra import ElectraForPretraining
 EVAL_MLM_PROBABILITY = 0.15  # held-out MLM accuracy is always measured at BERT's masking rate
 EVAL_SAMPLING_SEED = 0  # ELECTRA: the generator's samples during evaluation
 # The per-example columns that `_per_example_counts` returns, in order.
-COUNTS = ("mlm_loss_sum", "masked", "mlm_correct", "nsp_correct", "examples", "real_tokens", "rtd_correct", "replaced")
+COUNTS = ("mlm_loss_sum", "masked", "mlm_correct", "nsp_correct", "examples", "real_tokens", "rtd_correct", "replaced", "shown")
 
 
 @torch.no_grad()
-def evaluate(model, eval_loader, accelerator: Accelerator) -> dict:
+def evaluate(model, eval_loader, accelerator: Accelerator, mask_token_id: int | None = None) -> dict:
     """MLM loss / accuracy / perplexity, and NSP accuracy when the model has NSP, over the held-out split.
 
     Each process scores its shard; `gather_for_metrics` collects per-example counts from
     all processes and drops the examples Accelerate repeated to even out the shards.
+    `mask_token_id`: where the context-free guess meets [MASK] (without it: wherever the input
+    does not show the target, which counts the collator's random tokens too).
     """
     model.eval()
     unwrapped = accelerator.unwrap_model(model)
     electra = isinstance(unwrapped, ElectraForPretraining)
     sampling = torch.Generator(device=accelerator.device).manual_seed(EVAL_SAMPLING_SEED) if electra else None
     totals = torch.zeros(len(COUNTS), dtype=torch.float64, device=accelerator.device)
+    masked_targets = torch.zeros(unwrapped.config.vocab_size, dtype=torch.float64, device=accelerator.device)  # (V,) at [MASK]
     has_nsp = False
     for batch in eval_loader:
         labels = batch["labels"]
@@ -56,9 +65,17 @@ def evaluate(model, eval_loader, accelerator: Accelerator) -> dict:
                 hidden, targets = labelled_tokens(encoded.last_hidden_state, labels, IGNORE_INDEX)  # (N, H), (N,)
                 logits = unwrapped.mlm_logits(hidden, None)[0].float()  # (N, V): in eval mode the head scores what it is given
             nsp_logits = unwrapped.cls.seq_relationship(encoded.pooler_output) if has_nsp else None  # (B, 2)
-        per_example = _per_example_counts(labels, logits, targets, nsp_logits, batch.get("next_sentence_label"), batch["attention_mask"], rtd)
+        per_example = _per_example_counts(
+            labels, logits, targets, nsp_logits, batch.get("next_sentence_label"), batch["attention_mask"], rtd, inputs["input_ids"]
+        )
         totals += accelerator.gather_for_metrics(per_example).sum(dim=0)
+        shown = inputs["input_ids"][labels != IGNORE_INDEX]  # (N,): what the input holds at each scored position
+        hidden = shown == mask_token_id if mask_token_id is not None else shown != targets  # (N,)
+        masked_targets += torch.bincount(targets[hidden], minlength=masked_targets.numel()).double()
     model.train()
+    # Summed over processes: an uneven last batch repeats at most num_processes - 1 examples here
+    # (gather_for_metrics drops them from the other figures); the mode it picks does not change.
+    masked_targets = accelerator.reduce(masked_targets, reduction="sum")
     total = dict(zip(COUNTS, totals.tolist()))
     n_masked = max(total["masked"], 1.0)
     mlm_loss = total["mlm_loss_sum"] / n_masked
@@ -68,6 +85,7 @@ def evaluate(model, eval_loader, accelerator: Accelerator) -> dict:
         "perplexity": math.exp(min(mlm_loss, 50.0)),
         "eval_examples": int(total["examples"]),
         "eval_masked_tokens": int(total["masked"]),
+        "context_free_accuracy": (total["shown"] + masked_targets.max().item()) / n_masked,
     }
     if has_nsp:
         metrics["nsp_accuracy"] = total["nsp_correct"] / max(total["examples"], 1.0)
@@ -77,11 +95,45 @@ def evaluate(model, eval_loader, accelerator: Accelerator) -> dict:
     return metrics
 
 
-def _per_example_counts(labels, logits, targets, nsp_logits, nsp_labels, attention_mask, rtd) -> torch.Tensor:
+# How far above the context-free guess held-out MLM accuracy must be to count as reading context
+# (accuracy points): the plateau runs measured sat within 0.003 of it (docs/pretraining.md).
+PLATEAU_MARGIN = 0.02
+
+
+def plateau_report(metrics: dict) -> str | None:
+    """A warning when held-out evaluation says the model has not learned to read context yet, else None.
+
+    MLM: its accuracy is within PLATEAU_MARGIN of `context_free_accuracy`. ELECTRA, whose MLM
+    figures are its generator's (small by design): the discriminator is within PLATEAU_MARGIN of
+    answering "original" for every token.
+    """
+    if "rtd_accuracy" in metrics:
+        everything_original = 1.0 - metrics["replaced_fraction"]
+        if metrics["rtd_accuracy"] >= everything_original + PLATEAU_MARGIN:
+            return None
+        problem = (
+            f"its replaced-token detection accuracy {metrics['rtd_accuracy']:.3f} is that of answering \"original\" "
+            f"for every token ({everything_original:.3f})"
+        )
+    else:
+        if "context_free_accuracy" not in metrics or metrics["mlm_accuracy"] >= metrics["context_free_accuracy"] + PLATEAU_MARGIN:
+            return None
+        problem = (
+            f"its held-out MLM accuracy {metrics['mlm_accuracy']:.3f} is that of a guess from word frequencies alone "
+            f"({metrics['context_free_accuracy']:.3f})"
+        )
+    return (
+        f"the model has not yet learned to read context: {problem}. Fine-tuning such a model can score below a "
+        "randomly initialised one (docs/pretraining.md). Train longer (--time-budget, --max-steps), or pick a "
+        "smaller model (--preset) or vocabulary (--vocab-size), which the same time trains for more steps."
+    )
+
+
+def _per_example_counts(labels, logits, targets, nsp_logits, nsp_labels, attention_mask, rtd, input_ids) -> torch.Tensor:
     """(B, len(COUNTS)) per example, the columns of `COUNTS`.
 
     `rtd`: ELECTRA's discriminator logits and replaced-token targets, (B, S) each, or None
-    (then its three columns are 0).
+    (then its three columns are 0). `shown`: scored positions whose input is the target itself.
     """
     masked = labels != IGNORE_INDEX  # (B, S)
     row = torch.nonzero(masked)[:, 0]  # (N,) the example each scored token belongs to, row-major as `targets`
@@ -97,7 +149,7 @@ def _per_example_counts(labels, logits, targets, nsp_logits, nsp_labels, attenti
         replaced = (rtd_targets & real).sum(dim=1).double()
     columns = [
         zeros.index_add(0, row, token_loss.double()), masked.sum(dim=1).double(), zeros.index_add(0, row, hits), nsp_correct,
-        torch.ones_like(zeros), real.sum(dim=1).double(), rtd_correct, replaced,
+        torch.ones_like(zeros), real.sum(dim=1).double(), rtd_correct, replaced, (masked & (input_ids == labels)).sum(dim=1).double(),
     ]  # fmt: skip
     return torch.stack(columns, dim=1)  # (B, len(COUNTS))
 

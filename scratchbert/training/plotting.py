@@ -16,7 +16,7 @@ def plot_training_curves(records: list[dict], path: str | Path, title: str = "sc
     """Draw training loss and held-out MLM loss / MLM accuracy / NSP or RTD accuracy (when trained) against steps.
 
     `records` are the log's dicts: `{"type": "train", "step", "loss"}` and
-    `{"type": "eval", "step", "mlm_loss", "mlm_accuracy", "nsp_accuracy"}`; an ELECTRA run's
+    `{"type": "eval", "step", "mlm_loss", "mlm_accuracy", "context_free_accuracy", "nsp_accuracy"}`; an ELECTRA run's
     evaluations carry its generator's MLM figures and `rtd_accuracy` instead of `nsp_accuracy`.
     """
     import matplotlib
@@ -35,6 +35,8 @@ def plot_training_curves(records: list[dict], path: str | Path, title: str = "sc
     if evals:
         loss_axis.plot([r["step"] for r in evals], [r["mlm_loss"] for r in evals], "o-", label=f"held-out {mlm} loss")
         accuracy_axis.plot([r["step"] for r in evals], [r["mlm_accuracy"] for r in evals], "o-", label=f"held-out {mlm} accuracy")
+        if "context_free_accuracy" in evals[-1]:  # the bag-of-words plateau: evaluation.py
+            accuracy_axis.axhline(evals[-1]["context_free_accuracy"], color="grey", linestyle="--", linewidth=1, label="guess from word frequencies")
     if has_rtd:
         rtd = [r for r in evals if "rtd_accuracy" in r]
         accuracy_axis.plot([r["step"] for r in rtd], [r["rtd_accuracy"] for r in rtd], "s-", label="held-out replaced-token detection accuracy")

@@ -63,7 +63,7 @@ from scratchbert.training.config import PretrainConfig
 from scratchbert.training.corpus import build_data, check_vocabulary, make_dataloaders, make_long_loader
 from scratchbert.training.data import progress_bars
 from scratchbert.training.electra import GENERATOR_DIR, ElectraForPretraining
-from scratchbert.training.evaluation import evaluate, weight_checksum
+from scratchbert.training.evaluation import evaluate, plateau_report, weight_checksum
 from scratchbert.training.output_folder import CURVES_FILE, KERNEL_DECISIONS_FILE, LOG_FILE, check_output_dir, prepare_output_dir, save_final_model
 from scratchbert.training.prepared import load_prepared
 from scratchbert.training.plotting import plot_training_curves, read_log
@@ -373,7 +373,7 @@ def after_step(run: Run, log: RunLog, clock: TrainingClock, progress, window: di
     # Evaluation and checkpoints stop the clock: a budget buys training, not bookkeeping.
     if config.eval_every and position.step % config.eval_every == 0 and not run.done():
         clock.pause()
-        run.eval_metrics = evaluate(run.model, run.eval_loader, accelerator)
+        run.eval_metrics = evaluate(run.model, run.eval_loader, accelerator, run.tokenizer.mask_token_id)
         log.write({"type": "eval", "step": position.step, "training_seconds": position.training_seconds, **run.eval_metrics})
         clock.start()
         window["start"] = time.perf_counter()
@@ -390,7 +390,7 @@ def after_step(run: Run, log: RunLog, clock: TrainingClock, progress, window: di
 def finish(run: Run, log: RunLog, started: float, cpu_started: float) -> PretrainResult:
     """Step 4: the final evaluation, the saved model and tokenizer, the curves, an orderly shutdown."""
     accelerator, position, output_dir = run.accelerator, run.position, run.output_dir
-    run.eval_metrics = evaluate(run.model, run.eval_loader, accelerator)
+    run.eval_metrics = evaluate(run.model, run.eval_loader, accelerator, run.tokenizer.mask_token_id)
     log.write({"type": "eval", "step": position.step, "training_seconds": position.training_seconds, **run.eval_metrics})
     checksums = accelerator.gather(torch.tensor([weight_checksum(run.model)], dtype=torch.float64, device=accelerator.device))
     save_final_model(accelerator, run.model, run.tokenizer, output_dir, run.config.finetune_dropout)
@@ -412,8 +412,11 @@ def finish(run: Run, log: RunLog, started: float, cpu_started: float) -> Pretrai
         saved = f"discriminator and tokenizer saved in {output_dir}, generator in {output_dir / GENERATOR_DIR}"
     accelerator.print(
         f"done in {seconds:.0f}s ({position.training_seconds:.0f}s of training): held-out {'generator ' if electra else ''}MLM accuracy "
-        f"{metrics['mlm_accuracy']:.3f} (perplexity {metrics['perplexity']:.1f}){nsp}{rtd}; {saved}"
+        f"{metrics['mlm_accuracy']:.3f} (perplexity {metrics['perplexity']:.1f}; guessing from word frequencies alone "
+        f"{metrics['context_free_accuracy']:.3f}){nsp}{rtd}; {saved}"
     )
+    if (plateau := plateau_report(metrics)) is not None:
+        accelerator.print(f"warning: {plateau}")
     shut_down(run)
     return PretrainResult(output_dir, position.step, metrics, seconds, output_dir / GENERATOR_DIR if electra else output_dir)
 
