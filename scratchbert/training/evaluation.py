@@ -112,14 +112,14 @@ def plateau_report(metrics: dict) -> str | None:
         if metrics["rtd_accuracy"] >= everything_original + PLATEAU_MARGIN:
             return None
         problem = (
-            f"its replaced-token detection accuracy {metrics['rtd_accuracy']:.3f} is that of answering \"original\" "
+            f"its replaced-token detection accuracy {metrics['rtd_accuracy']:.3f} is not clearly above that of answering \"original\" "
             f"for every token ({everything_original:.3f})"
         )
     else:
         if "context_free_accuracy" not in metrics or metrics["mlm_accuracy"] >= metrics["context_free_accuracy"] + PLATEAU_MARGIN:
             return None
         problem = (
-            f"its held-out MLM accuracy {metrics['mlm_accuracy']:.3f} is that of a guess from word frequencies alone "
+            f"its held-out MLM accuracy {metrics['mlm_accuracy']:.3f} is not clearly above that of a guess from word frequencies alone "
             f"({metrics['context_free_accuracy']:.3f})"
         )
     return (
