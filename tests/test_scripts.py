@@ -153,3 +153,41 @@ def test_budget_bench_gives_every_row_a_seeds_labels_and_keeps_validation_and_te
     assert first == again and first != other and len(first) == 20  # the same labels in every row, another set per seed
     no_validation = bench.labelled_data(rows, tmp_path, bench.parse_args(["--set", "bbc-news"]))
     assert no_validation["validation"] is None and len(no_validation["pool"]) == 100
+
+
+# ---------------------------------------------------------------------------------------------
+# scripts/cpu_standin.sh: CI's stand-ins for the CPU kinds this machine is not
+# ---------------------------------------------------------------------------------------------
+
+ZEN3_FLAGS = "fpu sse sse2 ssse3 sse4_1 sse4_2 avx avx2 fma f16c bmi2"
+ZEN4_FLAGS = ZEN3_FLAGS + " avx512f avx512dq avx512bw avx512vl avx512_vnni avx512_bf16"
+
+
+def run_standin(kind: str, flags: str, tmp_path: Path) -> subprocess.CompletedProcess:
+    """cpu_standin.sh KIND on a CPU with these flags (a fake /proc/cpuinfo), running a command that prints its ATen cap."""
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(f"processor\t: 0\nflags\t\t: {flags}\n")
+    command = ["bash", "scripts/cpu_standin.sh", kind, "bash", "-c", 'echo "ran with $ATEN_CPU_CAPABILITY"']
+    env = {"PATH": "/usr/bin:/bin", "CPU_STANDIN_CPUINFO": str(cpuinfo)}
+    return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=30)
+
+
+@pytest.mark.parametrize("kind, flags", [("avx2", ZEN3_FLAGS), ("avx2", ZEN4_FLAGS), ("avx512", ZEN4_FLAGS)])
+def test_cpu_standin_holds_a_cpu_to_an_older_kind(kind, flags, tmp_path):
+    result = run_standin(kind, flags, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"ran with {kind}"
+
+
+@pytest.mark.parametrize("kind, flags, missing", [("avx512", ZEN3_FLAGS, "avx512f"), ("avx2", "fpu sse sse2 avx", "avx2"), ("avx2", "", "avx2")])
+def test_cpu_standin_refuses_a_kind_newer_than_the_cpu_before_running_anything(kind, flags, missing, tmp_path):
+    # ATen would run AVX-512 kernels on a Zen 3 and die of SIGILL: CI skips such a kind on exit status 77.
+    result = run_standin(kind, flags, tmp_path)
+    assert result.returncode == 77
+    assert result.stdout == ""
+    assert f"this CPU has no {missing}" in result.stderr
+
+
+def test_cpu_standin_names_the_kinds_it_knows(tmp_path):
+    result = run_standin("avx10", ZEN4_FLAGS, tmp_path)
+    assert result.returncode == 2 and "use avx2 or avx512" in result.stderr
