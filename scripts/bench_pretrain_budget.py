@@ -52,6 +52,7 @@ import torch
 
 from labelled_sets import IMDB, SETS, cpu_name, imdb_set, tfidf_scores, write_jsonl  # scripts/labelled_sets.py
 
+from scratchbert import cpu_gemm
 from scratchbert.training.config import DEFAULT_VOCAB_SIZE, PretrainConfig
 
 # What a set's labelled examples default to: a label budget, a separate validation set (0: the
@@ -263,7 +264,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--preset", help="model size of (a), (b), (d), (e) (default: the set's)")
     parser.add_argument("--max-seq-length", type=int, default=256)
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--mixed-precision", default="bf16", choices=["no", "bf16"])
+    parser.add_argument(
+        "--mixed-precision", default="auto", choices=["auto", "no", "bf16"],
+        help="pretraining precision of (a), (d), (e); auto: bf16 where the CPU has bf16 units (cpu_gemm.BF16_UNITS), else no "
+        "(an AVX2-only Zen 3 pretrains at half the speed in bf16: docs/pretraining.md)",
+    )  # fmt: skip
     parser.add_argument("--vocab-size", type=int, help="WordPiece vocabulary trained on the pretraining text (default: the set's)")
     parser.add_argument(
         "--pretrain-option", dest="pretrain_options", action="append", default=[], metavar="NAME=VALUE",
@@ -290,6 +295,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         if getattr(args, name) is None:
             setattr(args, name, value)
     args.rows = [row for row in args.rows if row not in args.skip]
+    if args.mixed_precision == "auto":
+        args.mixed_precision = "bf16" if cpu_gemm.BF16_UNITS else "no"
     if args.minutes <= 0:
         parser.error("--minutes must be positive")
     return args
@@ -380,7 +387,8 @@ def main() -> None:
 
     labels = f"{args.train_examples} labels" + (f" + {args.validation_examples} validation" if args.validation_examples else " (10% held out to pick the epoch)")
     lines = [
-        f"{args.set}: pretraining budget {args.minutes:g} min, {args.preset} (seq {args.max_seq_length}, vocabulary {len(tokenizer)}"
+        f"{args.set}: pretraining budget {args.minutes:g} min, {args.preset} (seq {args.max_seq_length}, vocabulary {len(tokenizer)}, "
+        f"mixed precision {args.mixed_precision}"
         f"{''.join(f', {name}={value}' for name, value in args.pretrain_options.items())}), fine-tuned on {labels} "
         f"({args.finetune_length} tokens head+tail, {finetune_settings(args)}), "
         f"scored on {args.test_examples} test documents, {len(seeds)} seeds; CPU: {cpu_name()}, {torch.get_num_threads()} threads",
