@@ -395,10 +395,11 @@ def finish(run: Run, log: RunLog, started: float, cpu_started: float) -> Pretrai
     checksums = accelerator.gather(torch.tensor([weight_checksum(run.model)], dtype=torch.float64, device=accelerator.device))
     save_final_model(accelerator, run.model, run.tokenizer, output_dir, run.config.finetune_dropout)
     seconds = time.perf_counter() - started
+    plateau = plateau_report(run.eval_metrics)
     log.write(
         {
             "type": "final", **asdict(position), "seconds": seconds, "cpu_seconds": time.process_time() - cpu_started,
-            "weight_checksums": checksums.tolist(), **run.eval_metrics,
+            "weight_checksums": checksums.tolist(), **run.eval_metrics, "plateau_warning": plateau,
         }
     )  # fmt: skip
     if accelerator.is_main_process:
@@ -415,7 +416,7 @@ def finish(run: Run, log: RunLog, started: float, cpu_started: float) -> Pretrai
         f"{metrics['mlm_accuracy']:.3f} (perplexity {metrics['perplexity']:.1f}; guessing from word frequencies alone "
         f"{metrics['context_free_accuracy']:.3f}){nsp}{rtd}; {saved}"
     )
-    if (plateau := plateau_report(metrics)) is not None:
+    if plateau is not None:
         accelerator.print(f"warning: {plateau}")
     shut_down(run)
     return PretrainResult(output_dir, position.step, metrics, seconds, output_dir / GENERATOR_DIR if electra else output_dir)
