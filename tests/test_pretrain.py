@@ -431,6 +431,17 @@ def test_fsdp_and_deepspeed_on_cpu_are_refused_not_turned_into_ddp(monkeypatch):
                 pretrain_module.build_accelerator(PretrainConfig())
 
 
+@pytest.mark.parametrize("units, warned", [(False, True), (True, False), (None, False)])
+def test_bf16_on_a_cpu_without_bf16_units_says_fp32_is_faster(units, warned, monkeypatch, caplog, fresh_accelerator_state):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: bf16 runs there")
+    monkeypatch.setattr(cpu_gemm, "BF16_UNITS", units)
+    with caplog.at_level("WARNING", logger="scratchbert.training.accelerator"):
+        accelerator = pretrain_module.build_accelerator(PretrainConfig(mixed_precision="bf16", report_to="none"))
+    assert accelerator.mixed_precision == "bf16"  # a note, never a change of what was asked
+    assert ("--mixed-precision no trains faster" in caplog.text) is warned
+
+
 def test_incompatible_checkpoint_is_refused(finished_run, tiny_config):
     with pytest.raises(ValueError, match="different options(.|\n)*hidden_size: checkpoint 32, now 64"):
         pretrain(tiny_config(finished_run, gradient_accumulation_steps=2, resume=True, hidden_size=64))
