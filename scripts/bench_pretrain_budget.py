@@ -50,7 +50,7 @@ from pathlib import Path
 
 import torch
 
-from labelled_sets import IMDB, SETS, cpu_name, imdb_set, tfidf_scores, write_jsonl  # scripts/labelled_sets.py
+from labelled_sets import IMDB, SETS, cpu_name, have_scikit_learn, imdb_set, tfidf_scores, write_jsonl  # scripts/labelled_sets.py
 
 from scratchbert import cpu_gemm
 from scratchbert.training.config import DEFAULT_VOCAB_SIZE, PretrainConfig
@@ -299,6 +299,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.mixed_precision = "bf16" if cpu_gemm.BF16_UNITS else "no"
     if args.minutes <= 0:
         parser.error("--minutes must be positive")
+    if "c" in args.rows and not have_scikit_learn():  # said before an hour of pretraining, not after it
+        parser.error("row (c), TF-IDF + logistic regression, needs scikit-learn: pip install -e .[bench], or leave it out with --skip c")
     return args
 
 

@@ -73,6 +73,11 @@ def cpu_name() -> str:
     return f"{info.get('model name', 'unknown CPU')} (family {info.get('cpu family', '?')}, {', '.join(units)})"
 
 
+def have_scikit_learn() -> bool:
+    """Whether the TF-IDF baseline can run (scikit-learn comes with `pip install -e .[bench]`)."""
+    return importlib.util.find_spec("sklearn") is not None
+
+
 def tfidf_scores(train: list[dict], test: list[dict]) -> dict | None:
     """TF-IDF (1-2-grams) + logistic regression: test accuracy and macro-F1; None without scikit-learn."""
     try:

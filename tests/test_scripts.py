@@ -105,12 +105,16 @@ def test_bench_targets_say_met_or_not_met():
     assert row.target_cell() == ">= 1.00x plain: met" and "| 1,050 ms | 1,000 ms |" in bench.format_table([row], {"fp32 MKL F.linear": 2e11}, 2) and "fp32 MKL F.linear 200, bf16 oneDNN 800 GFLOP/s" in table
 
 
-def budget_bench_module(monkeypatch):
-    """scripts/bench_pretrain_budget.py as a module; it imports scripts/labelled_sets.py as a script does."""
+def budget_bench_module(monkeypatch, scikit_learn: bool = True):
+    """scripts/bench_pretrain_budget.py as a module; it imports scripts/labelled_sets.py as a script does.
+
+    `scikit_learn`: whether it finds the TF-IDF row's package (the default install has none).
+    """
     monkeypatch.syspath_prepend(str(REPO / "scripts"))
     spec = importlib.util.spec_from_file_location("scratchbert_budget_bench", REPO / "scripts" / "bench_pretrain_budget.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    monkeypatch.setattr(module, "have_scikit_learn", lambda: scikit_learn)
     return module
 
 
@@ -129,6 +133,15 @@ def test_budget_bench_takes_each_sets_label_budget_unless_told(monkeypatch):
     assert imdb.pretrain_options == {} and options.pretrain_options == {"mask_replace_prob": 1.0, "packing": "sentence-pairs"}
     assert bench.finetune_settings(bbc) == "the command defaults"
     assert bench.finetune_settings(bench.parse_args(["--pooling", "mean", "--epochs", "3"])) == "epochs 3.0, pooling mean"
+
+
+def test_budget_bench_without_scikit_learn_refuses_the_tfidf_row_before_pretraining(monkeypatch, capsys):
+    # An hour of pretraining once ended in a TypeError where row (c) found no scikit-learn.
+    bench = budget_bench_module(monkeypatch, scikit_learn=False)
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--rows", "a", "c"])
+    assert "needs scikit-learn: pip install -e .[bench], or leave it out with --skip c" in capsys.readouterr().err
+    assert bench.parse_args(["--rows", "a", "c", "--skip", "c"]).rows == ["a"]
 
 
 @pytest.mark.parametrize("units, chosen", [(True, "bf16"), (False, "no"), (None, "no")])
