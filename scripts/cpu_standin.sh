@@ -18,8 +18,12 @@ set -euo pipefail
 kind=${1:?usage: cpu_standin.sh avx2|avx512 COMMAND...}
 shift
 case "$kind" in
-    avx2) needs="avx2 fma" ;;
-    avx512) needs="avx512f avx512bw avx512vl avx512dq" ;;  # ATen's AVX-512 kernels: all four
+    avx2)
+        needs="avx2 fma"
+        export ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ;;
+    avx512)
+        needs="avx512f avx512bw avx512vl avx512dq"  # ATen's AVX-512 kernels: all four
+        export ONEDNN_MAX_CPU_ISA=AVX512_CORE_VNNI ATEN_CPU_CAPABILITY=avx512 MKL_ENABLE_INSTRUCTIONS=AVX512 ;;
     *) echo "cpu_standin.sh: unknown kind '$kind': use avx2 or avx512" >&2; exit 2 ;;
 esac
 cpuinfo=${CPU_STANDIN_CPUINFO:-/proc/cpuinfo}  # another file only in tests/test_scripts.py
@@ -30,9 +34,5 @@ for flag in $needs; do
         exit 77
     fi
 done
-case "$kind" in
-    avx2) export ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ;;
-    avx512) export ONEDNN_MAX_CPU_ISA=AVX512_CORE_VNNI ATEN_CPU_CAPABILITY=avx512 MKL_ENABLE_INSTRUCTIONS=AVX512 ;;
-esac
 echo "CPU stand-in '$kind': ONEDNN_MAX_CPU_ISA=$ONEDNN_MAX_CPU_ISA ATEN_CPU_CAPABILITY=$ATEN_CPU_CAPABILITY MKL_ENABLE_INSTRUCTIONS=$MKL_ENABLE_INSTRUCTIONS" >&2
 exec "$@"

@@ -70,8 +70,8 @@ def evaluate(model, eval_loader, accelerator: Accelerator, mask_token_id: int | 
         )
         totals += accelerator.gather_for_metrics(per_example).sum(dim=0)
         shown = inputs["input_ids"][labels != IGNORE_INDEX]  # (N,): what the input holds at each scored position
-        hidden = shown == mask_token_id if mask_token_id is not None else shown != targets  # (N,)
-        masked_targets += torch.bincount(targets[hidden], minlength=masked_targets.numel()).double()
+        at_mask = shown == mask_token_id if mask_token_id is not None else shown != targets  # (N,)
+        masked_targets += torch.bincount(targets[at_mask], minlength=masked_targets.numel()).double()
     model.train()
     # Summed over processes: an uneven last batch repeats at most num_processes - 1 examples here
     # (gather_for_metrics drops them from the other figures); the mode it picks does not change.
