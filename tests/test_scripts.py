@@ -135,6 +135,25 @@ def test_budget_bench_takes_each_sets_label_budget_unless_told(monkeypatch):
     assert bench.finetune_settings(bench.parse_args(["--pooling", "mean", "--epochs", "3"])) == "epochs 3.0, pooling mean"
 
 
+def test_budget_bench_passes_finetune_options_and_names_their_runs(monkeypatch):
+    bench = budget_bench_module(monkeypatch)
+    plain = bench.parse_args([])
+    assert plain.finetune_options == {} and bench.finetune_tag(plain) == ""
+    assert bench.explicit_finetune_options(plain) == {}
+    args = bench.parse_args(["--pooling", "mean", "--finetune-option", "truncation=head", "--finetune-option", "min_steps=600"])
+    assert args.finetune_options == {"truncation": "head", "min_steps": 600}
+    assert bench.explicit_finetune_options(args) == {"pooling": "mean", "truncation": "head", "min_steps": 600}
+    assert bench.finetune_tag(args) == "-mean-min_steps=600-truncation=head"  # its own run folders and table
+    assert bench.finetune_settings(args) == "pooling mean, min_steps 600"  # the truncation is named in the header
+    assert "finetune_options" in bench.FINETUNE_ARGS  # a reused run made with other options is made again
+
+
+@pytest.mark.parametrize("option, message", [("mask_rate=1", "an option of FinetuneConfig"), ("max_length=512", "give it as --finetune-length")])
+def test_budget_bench_refuses_a_finetune_option_it_cannot_pass(option, message):
+    result = run_script("scripts/bench_pretrain_budget.py", "--finetune-option", option)
+    assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
+
+
 def test_budget_bench_without_scikit_learn_refuses_the_tfidf_row_before_pretraining(monkeypatch, capsys):
     # An hour of pretraining once ended in a TypeError where row (c) found no scikit-learn.
     bench = budget_bench_module(monkeypatch, scikit_learn=False)
