@@ -59,6 +59,7 @@ from scratchbert.training.finetune import FinetuneConfig
 # What a set's labelled examples default to: a label budget, a separate validation set (0: the
 # command holds 10% of the budget out), test documents.
 ROWS = ("a", "b", "c", "d", "e")
+FINETUNE_LENGTH = 256  # tokens per document in fine-tuning, unless --finetune-length says otherwise
 # The model: IMDB's accepted 60-minute table used `mini` and a 16,384-token vocabulary on 10,000+
 # reviews; BBC News is pretrained as a user would, with the command's defaults (`tiny`, 4,096).
 SET_DEFAULTS = {
@@ -281,7 +282,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--validation-examples", "--validation-reviews", type=int, help="labelled documents that pick the epoch; 0: the command holds 10%% of the labels out (default: the set's)")
     parser.add_argument("--test-examples", "--test-reviews", type=int, help="test documents (default: the set's)")
     parser.add_argument("--mlm-eval-examples", "--mlm-eval-reviews", type=int, default=1000, help="unseen documents for held-out MLM accuracy")
-    parser.add_argument("--finetune-length", type=int, default=256, help="tokens per document (head+tail unless --finetune-option truncation=head)")
+    parser.add_argument("--finetune-length", type=int, default=FINETUNE_LENGTH, help="tokens per document (head+tail unless --finetune-option truncation=head); another length than 256 gets its own runs and table")
     parser.add_argument("--epochs", type=float, help="fine-tuning epochs (default: the command's)")
     parser.add_argument("--finetune-lr", type=float, help="fine-tuning peak learning rate (default: the command's, by width)")
     parser.add_argument("--pooling", choices=["cls", "mean"], help="fine-tuning head's pooling (default: the command's, by width); its runs and table get their own names")
@@ -337,7 +338,8 @@ FINETUNE_OWN_FLAGS = {
 
 def finetune_tag(args) -> str:
     """The suffix of the fine-tuning runs' folders and of the table: "" for the benchmark's own settings."""
-    parts = ([args.pooling] if args.pooling else []) + [f"{name}={value}" for name, value in sorted(args.finetune_options.items())]
+    parts = [f"len{args.finetune_length}"] if args.finetune_length != FINETUNE_LENGTH else []
+    parts += ([args.pooling] if args.pooling else []) + [f"{name}={value}" for name, value in sorted(args.finetune_options.items())]
     return "".join(f"-{part}" for part in parts)
 
 
@@ -406,7 +408,7 @@ def main() -> None:
             table_rows[key]["mlm_accuracy"] = held_out_mlm_accuracy(mlm_model, tokenizer, mlm_texts, args.max_seq_length)
             table_rows[key]["tokens_per_second"] = table_rows[key]["tokens"] / table_rows[key]["seconds"]
     seeds = [args.seed + i for i in range(args.seeds)]
-    tag = finetune_tag(args)  # fine-tuning with another head or options: its own runs and table
+    tag = finetune_tag(args)  # fine-tuning at another length, with another head or options: its own runs and table
     for key, row in table_rows.items():
         row["runs"] = [finetune_scores(args, row["dir"], data, seed, out / f"finetune-{key}{tag}-{seed}") for seed in seeds]
         print(f"{row['name']}: {json.dumps(row['runs'])}", flush=True)

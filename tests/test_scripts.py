@@ -145,6 +145,7 @@ def test_budget_bench_passes_finetune_options_and_names_their_runs(monkeypatch):
     assert bench.explicit_finetune_options(args) == {"pooling": "mean", "truncation": "head", "min_steps": 600}
     assert bench.finetune_tag(args) == "-mean-min_steps=600-truncation=head"  # its own run folders and table
     assert bench.finetune_settings(args) == "pooling mean, min_steps 600"  # the truncation is named in the header
+    assert bench.finetune_tag(bench.parse_args(["--finetune-length", "128", "--finetune-option", "truncation=head"])) == "-len128-truncation=head"
     assert "finetune_options" in bench.FINETUNE_ARGS  # a reused run made with other options is made again
 
 
