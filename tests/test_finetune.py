@@ -55,6 +55,7 @@ from scratchbert.training.finetune import (
     default_pooling,
     encode_labels,
     finetune_text_classification,
+    fitted_inputs,
     fitted_schedule,
     label_names_of,
     load_sequence_classifier,
@@ -348,6 +349,7 @@ def test_finetune_cli_trains_saves_and_serves_a_pipeline(tmp_path, capsys, cli_m
     # the flags win over the defaults fitted to the model and the data
     assert results["schedule"]["learning_rate"] == 3e-3 and results["schedule"]["epochs"] == 6
     assert results["schedule"]["chosen_by"] == {"learning_rate": "given", "epochs": "given"}
+    assert results["inputs"]["truncation"] == "head+tail" and results["inputs"]["max_length"] == 64  # the default, capped by the model's 64 positions
     assert results["test"]["accuracy"] == results["validation"]["accuracy"]  # same rows, same (best) model
     epochs = [entry for entry in results["log_history"] if "eval_accuracy" in entry]
     assert len(epochs) == 6 and results["validation"]["accuracy"] == max(e["eval_accuracy"] for e in epochs)
@@ -422,6 +424,22 @@ def test_defaults_follow_the_model_width_and_the_number_of_examples():
     assert given["chosen_by"] == {"learning_rate": "given", "epochs": "given"}
     with pytest.raises(ValueError, match="min_steps=-1"):
         FinetuneConfig("ckpt", output_dir="out", min_steps=-1)
+
+
+def test_inputs_default_to_256_tokens_head_and_tail_for_single_texts_and_given_values_win():
+    # Measured on BBC News and IMDB (docs/finetuning.md): the old 128 tokens from the start lost 3 to 6 points.
+    single = fitted_inputs(FinetuneConfig("ckpt", output_dir="out"), positions=512)
+    assert (single["max_length"], single["truncation"]) == (256, "head+tail")
+    assert single["chosen_by"] == {"max_length": "default: 256, or the model's positions", "truncation": "default: head+tail for single texts"}
+    pair = fitted_inputs(FinetuneConfig("ckpt", output_dir="out", text_pair_column="hypothesis"), positions=512)
+    assert pair["truncation"] == "head" and pair["chosen_by"]["truncation"] == "default: head for text pairs"  # head+tail cuts one text
+    assert fitted_inputs(FinetuneConfig("ckpt", output_dir="out"), positions=64)["max_length"] == 64  # a shorter position table
+    given = fitted_inputs(FinetuneConfig("ckpt", output_dir="out", max_length=100, truncation="head"), positions=512)
+    assert (given["max_length"], given["truncation"], given["chosen_by"]) == (100, "head", {"max_length": "given", "truncation": "given"})
+    with pytest.raises(ValueError, match="between 2 .* the model's 64 positions, got 100"):
+        fitted_inputs(FinetuneConfig("ckpt", output_dir="out", max_length=100), positions=64)
+    with pytest.raises(ValueError, match="truncation must be one of head, head\\+tail, got 'tail'"):
+        FinetuneConfig("ckpt", output_dir="out", truncation="tail")
 
 
 def test_a_config_file_sets_what_the_defaults_would_and_flags_win_over_it(tmp_path):

@@ -60,7 +60,7 @@ LABEL_KINDS = {  # Arrow dtype of a label column -> how its values become label 
     **dict.fromkeys(("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"), "integer"),
     "bool": "integer",  # False/True are the integers 0/1
 }
-DEFAULT_MAX_LENGTH = 128  # tokens per example unless asked otherwise (or the model has fewer positions)
+DEFAULT_MAX_LENGTH = 256  # tokens per example unless asked otherwise (or the model has fewer positions); measured: DOCS
 # The `FinetuneConfig` fields that choose and cut the data (the parameters of `load_splits`).
 SPLIT_OPTIONS = (
     "train_files", "validation_files", "test_files", "dataset_name", "dataset_config", "train_split",
@@ -581,9 +581,10 @@ class FinetuneConfig(ConfigFile):
     max_train_samples: int | None = field(default=None, metadata={"help": "train on a random subset of this size"})
     max_eval_samples: int | None = field(default=None, metadata={"help": "evaluate on random subsets of this size"})
     max_length: int | None = field(default=None, metadata={"help": f"tokens per example after truncation (default: {DEFAULT_MAX_LENGTH} or the model's positions)"})
-    truncation: str = field(
-        default="head", metadata={"choices": TRUNCATIONS, "help": "which tokens of a long text to keep: the first ones, or the first quarter and the last three quarters"}
-    )
+    truncation: str | None = field(
+        default=None,
+        metadata={"choices": TRUNCATIONS, "help": f"which tokens of a long text to keep: the first ones, or the first quarter and the last three quarters (default: head+tail for single texts, head for text pairs; {DOCS})"},
+    )  # fmt: skip
     # --- training ---
     epochs: float | None = field(
         default=None, metadata={"help": f"passes over the training data (default: {DEFAULT_EPOCHS}, or more to reach --min-steps)"}
@@ -645,7 +646,7 @@ class FinetuneConfig(ConfigFile):
             raise ScratchBertError(f"early_stopping_patience={patience!r}: it must be a whole number of evaluations, 0 (off) or more (--early-stopping-patience).")
         if self.pooling is not None and self.pooling not in CLASSIFIER_POOLINGS:
             raise ScratchBertError(f"pooling must be one of {', '.join(CLASSIFIER_POOLINGS)}, got {self.pooling!r} (--pooling).")
-        if self.truncation not in TRUNCATIONS:
+        if self.truncation is not None and self.truncation not in TRUNCATIONS:
             raise ScratchBertError(f"truncation must be one of {', '.join(TRUNCATIONS)}, got {self.truncation!r}.")
         if not 0.0 <= self.warmup_ratio < 1.0 or self.weight_decay < 0:
             raise ScratchBertError("warmup_ratio must be in [0, 1) and weight_decay 0 or more.")
@@ -702,6 +703,29 @@ def fitted_schedule(config: FinetuneConfig, hidden_size: int, train_rows: int) -
         "steps_per_epoch": per_epoch,
         "chosen_by": chosen_by,
     }
+
+
+def fitted_inputs(config: FinetuneConfig, positions: int) -> dict[str, Any]:
+    """How many tokens of each example the classifier reads, which ones, and where each choice came from.
+
+    A value given in `config` is used as it is. Otherwise `DEFAULT_MAX_LENGTH` tokens (fewer if the
+    model has fewer `positions`), cut head+tail from a single text (its start and its end) and from
+    the start of a text pair, whose two texts head+tail cannot cut.
+
+    Returns:
+        {"max_length", "truncation", "positions", "chosen_by": {option: why}}
+    """
+    max_length, truncation = config.max_length, config.truncation
+    chosen_by = {"max_length": "given", "truncation": "given"}
+    if max_length is None:
+        max_length = min(DEFAULT_MAX_LENGTH, positions)
+        chosen_by["max_length"] = f"default: {DEFAULT_MAX_LENGTH}, or the model's positions"
+    if not 2 <= max_length <= positions:
+        raise ScratchBertError(f"max_length must be between 2 (room for [CLS] and [SEP]) and the model's {positions} positions, got {max_length}.")
+    if truncation is None:
+        truncation = "head" if config.text_pair_column is not None else "head+tail"
+        chosen_by["truncation"] = "default: head for text pairs" if config.text_pair_column is not None else "default: head+tail for single texts"
+    return {"max_length": max_length, "truncation": truncation, "positions": positions, "chosen_by": chosen_by}
 
 
 def report_collapse(trainer, outputs: dict, label_names: Sequence[str]) -> dict | None:
@@ -785,7 +809,8 @@ def finetune(config: FinetuneConfig, model_class=None) -> dict[str, Any]:
     """Fine-tune as `config` says.
 
     Learning rate and epochs not given are fitted to the model's width and the number of
-    training examples (`fitted_schedule`). Evaluates accuracy and macro-F1 on the validation
+    training examples (`fitted_schedule`), the tokens read per example and which ones to the
+    model's positions and the kind of text (`fitted_inputs`). Evaluates accuracy and macro-F1 on the validation
     split after every epoch (stopping after `early_stopping_patience` evaluations without a
     better `best_metric`, when set), reloads the epoch with the best `best_metric` at the end,
     optionally scores a test split with it, reports a classifier that gives (nearly) every
@@ -793,22 +818,19 @@ def finetune(config: FinetuneConfig, model_class=None) -> dict[str, Any]:
     tokenizer and `metrics.json`. Epoch checkpoints go to `output_dir/checkpoints`.
 
     Returns:
-        {"labels": [...], "schedule": {...}, "validation": {...}, "test": {...} (when a test
+        {"labels": [...], "schedule": {...}, "inputs": {...} (`fitted_inputs`), "validation": {...}, "test": {...} (when a test
          split is given), "train": {...}, "pooling": "cls" or "mean", "early_stopping": {...}
          (`early_stopping_record`), "collapsed": None or {split: {...}, "advice": ...}}
         with metrics named without Trainer's "eval_" prefix.
     """
-    checkpoint, max_length = config.checkpoint, config.max_length
+    checkpoint = config.checkpoint
     check_weights(checkpoint)  # a missing, truncated or corrupt weight file fails here, in one line
     model_config = read_model_config(checkpoint)
-    positions = model_config.get("max_position_embeddings", 512)
-    if max_length is None:
-        max_length = min(DEFAULT_MAX_LENGTH, positions)
-    if not 2 <= max_length <= positions:
-        raise ScratchBertError(f"max_length must be between 2 (room for [CLS] and [SEP]) and the model's {positions} positions, got {max_length}.")
+    inputs = fitted_inputs(config, model_config.get("max_position_embeddings", 512))
+    logger.info("%d tokens per example (%s), %s truncation (%s)", inputs["max_length"], inputs["chosen_by"]["max_length"], inputs["truncation"], inputs["chosen_by"]["truncation"])
     output_dir = Path(config.output_dir)
     _check_output_dir(output_dir, config.overwrite)
-    tokenizer = load_tokenizer(config.tokenizer if config.tokenizer is not None else checkpoint, max_length=positions)
+    tokenizer = load_tokenizer(config.tokenizer if config.tokenizer is not None else checkpoint, max_length=inputs["positions"])
 
     # Everything about the data is checked before the (slow) model load.
     splits = load_splits(**{name: getattr(config, name) for name in SPLIT_OPTIONS})
@@ -819,7 +841,7 @@ def finetune(config: FinetuneConfig, model_class=None) -> dict[str, Any]:
     label_names = checkpoint_label_order(checkpoint, label_names, config.reinit_head)
     logger.info("%d labels: %s; %s", len(label_names), ", ".join(label_names), ", ".join(f"{k} {len(v)} rows" for k, v in splits.items()))
     splits = encode_labels(splits, config.label_column, label_names)
-    splits = tokenize_splits(splits, tokenizer, config.text_column, config.text_pair_column, max_length, config.truncation)
+    splits = tokenize_splits(splits, tokenizer, config.text_column, config.text_pair_column, inputs["max_length"], inputs["truncation"])
 
     schedule = fitted_schedule(config, model_config.get("hidden_size", 768), len(splits["train"]))
     logger.info(
@@ -828,10 +850,12 @@ def finetune(config: FinetuneConfig, model_class=None) -> dict[str, Any]:
     )  # fmt: skip
 
     with determinism_restored():
-        return _train_and_score(config, model_class, tokenizer, splits, label_names, schedule, output_dir)
+        return _train_and_score(config, model_class, tokenizer, splits, label_names, schedule, inputs, output_dir)
 
 
-def _train_and_score(config: FinetuneConfig, model_class, tokenizer, splits, label_names, schedule: dict, output_dir: Path) -> dict[str, Any]:
+def _train_and_score(
+    config: FinetuneConfig, model_class, tokenizer, splits, label_names, schedule: dict, inputs: dict, output_dir: Path
+) -> dict[str, Any]:
     """`finetune`'s training, selection, scoring and saving, on the checked and tokenized data."""
     from transformers import TrainingArguments, set_seed
 
@@ -876,6 +900,7 @@ def _train_and_score(config: FinetuneConfig, model_class, tokenizer, splits, lab
     results = {
         "labels": label_names,
         "schedule": schedule,
+        "inputs": inputs,
         "train": unprefixed(train_output.metrics, "train_"),
         "validation": unprefixed(best_epoch, "eval_"),
         "best_checkpoint": trainer.state.best_model_checkpoint,
