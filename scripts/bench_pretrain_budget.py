@@ -94,6 +94,20 @@ def pretrain_scratchbert(args, text_file: Path, tokenizer_dir: Path, out: Path, 
     return {"steps": final["step"], "tokens": final["tokens_seen"], "seconds": final["training_seconds"]}
 
 
+# What the table's header says of (a) and (e): a reused run must have been made with the same values.
+REUSED_PRETRAINING = {"time_budget": ("minutes", "--minutes"), "max_seq_length": ("max_seq_length", "--max-seq-length"),
+                      "preset": ("preset", "--preset"), "batch_size": ("batch_size", "--batch-size")}  # fmt: skip
+
+
+def check_reused_pretraining(args, run_dir: Path) -> None:
+    """Refuse to reuse a pretraining run made with another budget, block length, model or batch than the table would name."""
+    saved = json.loads((run_dir / "pretrain_config.json").read_text())
+    differ = [(flag, saved[name], getattr(args, attribute)) for name, (attribute, flag) in REUSED_PRETRAINING.items() if saved.get(name) != getattr(args, attribute)]
+    if differ:
+        given = ", ".join(f"{flag} {value}" for flag, value, _ in differ)
+        raise SystemExit(f"{run_dir} was pretrained with {given}: give the same to reuse it (--reuse), or another --out.")
+
+
 # ---------------------------------------------------------------------------------------------
 # (b) random initialisation
 # ---------------------------------------------------------------------------------------------
@@ -386,6 +400,8 @@ def main() -> None:
             continue
         if args.reuse and (out / key / "model.safetensors").is_file():
             from scratchbert.training.plotting import read_log
+
+            check_reused_pretraining(args, out / key)
 
             final = [r for r in read_log(out / key / "train_log.jsonl") if r["type"] == "final"][-1]
             stats = {"steps": final["step"], "tokens": final["tokens_seen"], "seconds": final["training_seconds"]}

@@ -149,6 +149,16 @@ def test_budget_bench_passes_finetune_options_and_names_their_runs(monkeypatch):
     assert "finetune_options" in bench.FINETUNE_ARGS  # a reused run made with other options is made again
 
 
+def test_budget_bench_reuses_only_a_pretraining_run_made_as_the_table_would_say(monkeypatch, tmp_path):
+    bench = budget_bench_module(monkeypatch)
+    run = tmp_path / "a"
+    run.mkdir()
+    (run / "pretrain_config.json").write_text(json.dumps({"time_budget": 15.0, "max_seq_length": 64, "preset": "tiny", "batch_size": 32}))
+    bench.check_reused_pretraining(bench.parse_args(["--set", "bbc-news", "--minutes", "15", "--max-seq-length", "64"]), run)
+    with pytest.raises(SystemExit, match="pretrained with --minutes 15.0, --max-seq-length 64: give the same to reuse it"):
+        bench.check_reused_pretraining(bench.parse_args(["--set", "bbc-news"]), run)  # the defaults: 60 minutes, 256 tokens
+
+
 @pytest.mark.parametrize("option, message", [("mask_rate=1", "an option of FinetuneConfig"), ("max_length=512", "give it as --finetune-length")])
 def test_budget_bench_refuses_a_finetune_option_it_cannot_pass(option, message):
     result = run_script("scripts/bench_pretrain_budget.py", "--finetune-option", option)
