@@ -123,7 +123,8 @@ def test_budget_bench_takes_each_sets_label_budget_unless_told(monkeypatch):
     imdb, bbc = bench.parse_args([]), bench.parse_args(["--set", "bbc-news"])
     assert (imdb.train_examples, imdb.validation_examples, imdb.test_examples) == (2000, 500, 2000)
     assert (bbc.train_examples, bbc.validation_examples, bbc.test_examples) == (450, 0, 1000)
-    assert (imdb.preset, imdb.vocab_size, bbc.preset, bbc.vocab_size) == ("mini", 16384, "tiny", 4096)  # bbc: the command's defaults
+    assert (imdb.preset, imdb.vocab_size, bbc.preset, bbc.vocab_size) == ("tiny", 4096, "tiny", 4096)  # the pretrain command's defaults
+    assert imdb.max_seq_length == bbc.max_seq_length == 64  # its block length too (docs/pretraining.md)
     assert bench.parse_args(["--set", "bbc-news", "--preset", "mini"]).preset == "mini"
     assert bench.parse_args(["--set", "bbc-news", "--train-examples", "400"]).train_examples == 400
     assert bench.parse_args(["--train-reviews", "300"]).train_examples == 300  # the old flag still works
@@ -153,10 +154,10 @@ def test_budget_bench_reuses_only_a_pretraining_run_made_as_the_table_would_say(
     bench = budget_bench_module(monkeypatch)
     run = tmp_path / "a"
     run.mkdir()
-    (run / "pretrain_config.json").write_text(json.dumps({"time_budget": 15.0, "max_seq_length": 64, "preset": "tiny", "batch_size": 32}))
-    bench.check_reused_pretraining(bench.parse_args(["--set", "bbc-news", "--minutes", "15", "--max-seq-length", "64"]), run)
-    with pytest.raises(SystemExit, match="pretrained with --minutes 15.0, --max-seq-length 64: give the same to reuse it"):
-        bench.check_reused_pretraining(bench.parse_args(["--set", "bbc-news"]), run)  # the defaults: 60 minutes, 256 tokens
+    (run / "pretrain_config.json").write_text(json.dumps({"time_budget": 15.0, "max_seq_length": 256, "preset": "tiny", "batch_size": 32}))
+    bench.check_reused_pretraining(bench.parse_args(["--set", "bbc-news", "--minutes", "15", "--max-seq-length", "256"]), run)
+    with pytest.raises(SystemExit, match="pretrained with --minutes 15.0, --max-seq-length 256: give the same to reuse it"):
+        bench.check_reused_pretraining(bench.parse_args(["--set", "bbc-news"]), run)  # the defaults: 60 minutes, 64 tokens
 
 
 @pytest.mark.parametrize("option, message", [("mask_rate=1", "an option of FinetuneConfig"), ("max_length=512", "give it as --finetune-length")])
