@@ -102,9 +102,9 @@ REUSED_PRETRAINING = {"time_budget": ("minutes", "--minutes"), "max_seq_length":
 def check_reused_pretraining(args, run_dir: Path) -> None:
     """Refuse to reuse a pretraining run made with another budget, block length, model or batch than the table would name."""
     saved = json.loads((run_dir / "pretrain_config.json").read_text())
-    differ = [(flag, saved[name], getattr(args, attribute)) for name, (attribute, flag) in REUSED_PRETRAINING.items() if saved.get(name) != getattr(args, attribute)]
+    differ = [f"{flag} {saved.get(name)}" for name, (attribute, flag) in REUSED_PRETRAINING.items() if saved.get(name) != getattr(args, attribute)]
     if differ:
-        given = ", ".join(f"{flag} {value}" for flag, value, _ in differ)
+        given = ", ".join(differ)
         raise SystemExit(f"{run_dir} was pretrained with {given}: give the same to reuse it (--reuse), or another --out.")
 
 

@@ -723,8 +723,9 @@ def fitted_inputs(config: FinetuneConfig, positions: int) -> dict[str, Any]:
     if not 2 <= max_length <= positions:
         raise ScratchBertError(f"max_length must be between 2 (room for [CLS] and [SEP]) and the model's {positions} positions, got {max_length}.")
     if truncation is None:
-        truncation = "head" if config.text_pair_column is not None else "head+tail"
-        chosen_by["truncation"] = "default: head for text pairs" if config.text_pair_column is not None else "default: head+tail for single texts"
+        pairs = config.text_pair_column is not None
+        truncation = "head" if pairs else "head+tail"
+        chosen_by["truncation"] = "default: head for text pairs" if pairs else "default: head+tail for single texts"
     return {"max_length": max_length, "truncation": truncation, "positions": positions, "chosen_by": chosen_by}
 
 
