@@ -20,6 +20,7 @@ from conftest import forget_kernel_choices
 from safetensors.torch import load_file
 from transformers import (
     AutoModelForSequenceClassification,
+    AutoTokenizer,
     BertConfig,
     BertForMaskedLM,
     BertForSequenceClassification,
@@ -50,9 +51,11 @@ from scratchbert.training.finetune import (
     checkpoint_label_order,
     classification_metrics,
     classifier_pooling_of,
+    classify_texts,
     collapse_of,
     default_learning_rate,
     default_pooling,
+    document_predictions,
     encode_labels,
     finetune_text_classification,
     fitted_inputs,
@@ -64,6 +67,7 @@ from scratchbert.training.finetune import (
     span_metrics,
     token_classification_metrics,
     tokenize_splits,
+    windows_of,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -215,10 +219,42 @@ def test_head_and_tail_truncation_keeps_the_start_and_the_end(tokenizer):
     assert tokenizer.convert_ids_to_tokens(kept[1]["input_ids"]) == ["[CLS]", "good", "[SEP]"]
     head = tokenize_splits(splits, tokenizer, "text", None, max_length=10)["train"]
     assert tokenizer.convert_ids_to_tokens(head[0]["input_ids"]) == ["[CLS]"] + FILLERS[:8] + ["[SEP]"]
-    with pytest.raises(ValueError, match="head\\+tail truncation cuts single texts"):
+    with pytest.raises(ValueError, match="head\\+tail truncation and windows cut single texts"):
         tokenize_splits(splits, tokenizer, "text", "text", max_length=10, truncation="head+tail")
     with pytest.raises(ValueError, match="truncation='tail'"):
         tokenize_splits(splits, tokenizer, "text", None, max_length=10, truncation="tail")
+
+
+def test_windows_split_a_long_text_evenly_and_carry_its_label_and_index(tokenizer):
+    assert windows_of(list(range(5)), window=4, windows=3) == [[0, 1, 2], [3, 4]]  # 1.25 windows: two even pieces, no scrap
+    assert windows_of(list(range(12)), window=4, windows=3) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+    assert windows_of(list(range(40)), window=4, windows=2) == [[0, 1, 34, 35], [36, 37, 38, 39]]  # cut head+tail to 8 first
+    assert windows_of(list(range(40)), window=4, windows=2, truncation="head") == [list(range(4)), list(range(4, 8))]
+    assert windows_of([], window=4, windows=2) == [[]]  # an empty text is still one example: [CLS] [SEP]
+    text = " ".join(FILLERS[:10])  # 10 tokens: windows of 4 give 3 pieces (4, 3, 3)
+    splits = DatasetDict({"train": Dataset.from_dict({"text": ["good", text], "labels": [1, 0]})})
+    rows = tokenize_splits(splits, tokenizer, "text", None, max_length=6, truncation="head+tail", windows=3)["train"]
+    tokens = [tokenizer.convert_ids_to_tokens(ids) for ids in rows["input_ids"]]
+    assert tokens == [["[CLS]", "good", "[SEP]"], ["[CLS]", *FILLERS[0:4], "[SEP]"], ["[CLS]", *FILLERS[4:7], "[SEP]"], ["[CLS]", *FILLERS[7:10], "[SEP]"]]
+    assert rows["labels"] == [1, 0, 0, 0] and rows["document"] == [0, 1, 1, 1]
+    assert [sum(mask) for mask in rows["attention_mask"]] == [3, 6, 5, 5]
+    one = tokenize_splits(splits, tokenizer, "text", None, max_length=6, truncation="head+tail")["train"]
+    assert one["document"] == [0, 1] and one["input_ids"][1] == rows["input_ids"][1][:2] + tokenizer.convert_tokens_to_ids(FILLERS[7:10]) + [tokenizer.sep_token_id]
+    with pytest.raises(ValueError, match="with a text pair use truncation='head' and windows=1"):
+        tokenize_splits(splits, tokenizer, "text", "text", max_length=6, truncation="head", windows=2)
+    with pytest.raises(ValueError, match="windows=0: it must be a whole number, 1 or more"):
+        FinetuneConfig("ckpt", output_dir="out", windows=0)
+    with pytest.raises(ValueError, match="with --text-pair-column leave --windows at 1"):
+        FinetuneConfig("ckpt", output_dir="out", windows=2, text_pair_column="hypothesis")
+
+
+def test_a_texts_windows_are_scored_together():
+    logits = np.array([[2.0, 0.0], [0.0, 1.0], [0.0, 4.0], [3.0, 0.0]])  # text 7: windows 0-2, text 9: window 3
+    mean, labels = document_predictions(logits, np.array([1, 1, 1, 0]), [7, 7, 7, 9])
+    np.testing.assert_allclose(mean, [[2 / 3, 5 / 3], [3.0, 0.0]])
+    assert labels.tolist() == [1, 0]
+    same, same_labels = document_predictions((logits, None), np.array([1, 0, 1, 0]), range(4))  # one window each: unchanged
+    np.testing.assert_array_equal(same, logits) and np.testing.assert_array_equal(same_labels, [1, 0, 1, 0])
 
 
 def test_label_names_from_strings_integers_and_class_labels():
@@ -609,6 +645,44 @@ def test_finetune_with_mean_pooling_learns_and_saves_it(tmp_path, capsys, cli_ma
     model = AutoModelForSequenceClassification.from_pretrained(out)
     assert isinstance(model, ScratchBertForSequenceClassification) and model.config.classifier_pooling == "mean"
     assert model.bert.pooler is None
+
+
+def keyword_in_the_middle_rows(n: int, seed: int) -> list[dict]:
+    """Texts of 11-14 filler words with "good" (pos) or "bad" (neg) where one 8-token head+tail window
+    (its first word and last five) never reaches it, and three such windows always do."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        words = rng.choices(FILLERS, k=rng.randint(11, 14))
+        label = rng.choice(["neg", "pos"])
+        words.insert(rng.randint(2, len(words) - 5), "good" if label == "pos" else "bad")
+        rows.append({"text": " ".join(words), "label": label})
+    return rows
+
+
+def test_windows_read_what_one_window_cuts_off(tmp_path, capsys, cli_main, scratch_checkpoint):
+    train = write_csv(tmp_path / "train.csv", keyword_in_the_middle_rows(192, seed=1))
+    validation = write_csv(tmp_path / "validation.csv", keyword_in_the_middle_rows(64, seed=2))
+    accuracy = {}
+    for windows in (1, 3):
+        out = tmp_path / f"windows-{windows}"
+        code, err = run_cli(
+            cli_main, capsys, scratch_checkpoint, "--train-file", train, "--validation-file", validation, "--test-file", validation,
+            "--output-dir", out, "--epochs", "6", "--learning-rate", "3e-3", "--max-length", "8", "--windows", windows, "--no-show-progress",
+        )  # fmt: skip
+        assert code == 0, err
+        results = json.loads((out / "metrics.json").read_text())
+        assert results["inputs"]["windows"] == windows and results["inputs"]["max_length"] == 8
+        assert (results["test"]["accuracy"] * 64) == pytest.approx(round(results["test"]["accuracy"] * 64))  # scored per text, not per window
+        accuracy[windows] = results["test"]["accuracy"]
+        # Outside the run, classify_texts reads a text as the run did: the same predictions, so the same accuracy.
+        rows = keyword_in_the_middle_rows(64, seed=2)
+        model = AutoModelForSequenceClassification.from_pretrained(out)
+        logits = classify_texts(model, AutoTokenizer.from_pretrained(out), [row["text"] for row in rows], max_length=8, windows=windows)
+        assert logits.shape == (64, 2)
+        predicted = [model.config.id2label[int(i)] for i in logits.argmax(-1)]
+        assert np.mean([p == row["label"] for p, row in zip(predicted, rows)]) == pytest.approx(accuracy[windows])
+    assert accuracy[1] < 0.75 and accuracy[3] > 0.9, accuracy  # the keyword is out of one window's reach, in three's
 
 
 # --------------------------------------------------------------------------- token classification and QA

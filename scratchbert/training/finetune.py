@@ -42,7 +42,7 @@ from typing import Any, Sequence
 
 import numpy as np
 import torch
-from transformers import EarlyStoppingCallback
+from transformers import EarlyStoppingCallback, EvalPrediction
 
 from scratchbert.configuration_scratchbert import CLASSIFIER_POOLINGS
 from scratchbert.errors import ScratchBertError
@@ -278,33 +278,55 @@ def head_and_tail(token_ids: Sequence[int], budget: int, head_fraction: float = 
     return list(token_ids[:head]) + list(token_ids[len(token_ids) - (budget - head) :])
 
 
-def tokenize_splits(splits, tokenizer, text_column: str, text_pair_column: str | None, max_length: int, truncation: str = "head"):
+def windows_of(token_ids: Sequence[int], window: int, windows: int = 1, truncation: str = "head+tail") -> list[list[int]]:
+    """A text's tokens as up to `windows` pieces of at most `window` tokens, of (nearly) equal length.
+
+    A text longer than `windows * window` tokens is first cut to that many: its start ("head"),
+    or its start and its end (`head_and_tail`). What is kept is then split evenly, so a text of
+    1.2 windows gives two pieces of 0.6 rather than a full one and a scrap.
+    """
+    budget = windows * window
+    kept = head_and_tail(token_ids, budget) if truncation == "head+tail" else list(token_ids[:budget])
+    count = max(1, math.ceil(len(kept) / window))
+    bounds = [-(-i * len(kept) // count) for i in range(count + 1)]  # ceil: the first pieces take the remainder
+    return [kept[start:end] for start, end in zip(bounds, bounds[1:])]
+
+
+def tokenize_splits(
+    splits, tokenizer, text_column: str, text_pair_column: str | None, max_length: int, truncation: str = "head", windows: int = 1
+):
     """Tokenize to `input_ids`/`token_type_ids`/`attention_mask` (unpadded: the collator pads per batch).
 
     `truncation`: "head" keeps the first `max_length` tokens (with [CLS] and [SEP]);
     "head+tail" keeps the start and the end of a long single text (`head_and_tail`).
+    `windows` > 1 reads a long single text as up to that many examples of `max_length`
+    tokens (`windows_of`), each with the text's label. Every row carries `document`, the
+    index of its text in the split, so that a text's windows can be scored together
+    (`document_predictions`).
     """
     if truncation not in TRUNCATIONS:
         raise ScratchBertError(f"truncation={truncation!r}: choose one of {', '.join(TRUNCATIONS)}.")
-    if truncation == "head+tail" and text_pair_column is not None:
-        raise ScratchBertError("head+tail truncation cuts single texts; with a text pair use truncation='head'.")
+    if text_pair_column is not None and (truncation == "head+tail" or windows > 1):
+        raise ScratchBertError("head+tail truncation and windows cut single texts; with a text pair use truncation='head' and windows=1.")
 
-    def tokenize(batch):
-        if truncation == "head+tail":
-            pieces = tokenizer(batch[text_column], add_special_tokens=False, truncation=False, verbose=False)["input_ids"]
-            input_ids = [[tokenizer.cls_token_id, *head_and_tail(ids, max_length - 2), tokenizer.sep_token_id] for ids in pieces]
-            return {
-                "input_ids": input_ids,
-                "token_type_ids": [[0] * len(ids) for ids in input_ids],
-                "attention_mask": [[1] * len(ids) for ids in input_ids],
-            }
-        pair = batch[text_pair_column] if text_pair_column is not None else None
-        return tokenizer(batch[text_column], pair, truncation=True, max_length=max_length)
+    def tokenize(batch, indices):
+        if text_pair_column is not None or (truncation == "head" and windows == 1):
+            pair = batch[text_pair_column] if text_pair_column is not None else None
+            return {**tokenizer(batch[text_column], pair, truncation=True, max_length=max_length), "labels": batch["labels"], "document": indices}
+        pieces = tokenizer(batch[text_column], add_special_tokens=False, truncation=False, verbose=False)["input_ids"]
+        rows = {"input_ids": [], "labels": [], "document": []}
+        for ids, label, document in zip(pieces, batch["labels"], indices):
+            for piece in windows_of(ids, max_length - 2, windows, truncation):
+                rows["input_ids"].append([tokenizer.cls_token_id, *piece, tokenizer.sep_token_id])
+                rows["labels"].append(label)
+                rows["document"].append(document)
+        rows["token_type_ids"] = [[0] * len(ids) for ids in rows["input_ids"]]
+        rows["attention_mask"] = [[1] * len(ids) for ids in rows["input_ids"]]
+        return rows
 
     tokenized = {}
     for name, split in splits.items():
-        drop = [column for column in split.column_names if column != "labels"]
-        tokenized[name] = split.map(tokenize, batched=True, remove_columns=drop, desc=f"tokenizing {name}")
+        tokenized[name] = split.map(tokenize, batched=True, with_indices=True, remove_columns=split.column_names, desc=f"tokenizing {name}")
     return type(splits)(tokenized)
 
 
@@ -457,6 +479,57 @@ def sequence_classification_metrics(eval_prediction) -> dict[str, float]:
     return {**classification_metrics(predictions, eval_prediction.label_ids), "top_class_share": float(top_class_share)}
 
 
+def document_predictions(logits, labels: np.ndarray, documents: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Windows' logits (N, K), labels (N,) and the text each window is from (N,) -> each text's mean
+    logits (D, K) and its label (D,), texts in the order of their index. One window per text: unchanged."""
+    logits = np.asarray(logits[0] if isinstance(logits, tuple) else logits, dtype=np.float64)
+    documents = np.asarray(documents)
+    _, documents = np.unique(documents, return_inverse=True)  # (N,) -> 0..D-1
+    count = documents.max() + 1
+    sums = np.zeros((count, logits.shape[-1]))
+    np.add.at(sums, documents, logits)
+    document_labels = np.zeros(count, dtype=np.asarray(labels).dtype)
+    document_labels[documents] = labels
+    return sums / np.bincount(documents)[:, None], document_labels
+
+
+def document_metrics(documents: Sequence[int]):
+    """`compute_metrics` that scores texts, not windows: `sequence_classification_metrics` on the mean logits
+    of each text's windows (`document_predictions`); `documents` (N,) names the text of each row of the split."""
+
+    def compute(eval_prediction) -> dict[str, float]:
+        logits, labels = document_predictions(eval_prediction.predictions, eval_prediction.label_ids, documents)
+        return sequence_classification_metrics(EvalPrediction(logits, labels))
+
+    return compute
+
+
+@torch.no_grad()
+def classify_texts(
+    model, tokenizer, texts: Sequence[str], max_length: int = DEFAULT_MAX_LENGTH, truncation: str = "head+tail", windows: int = 1, batch_size: int = 64
+) -> np.ndarray:
+    """Each text's class logits (D, K), read as `finetune` reads it: up to `windows` windows of
+    `max_length` tokens (`windows_of`), their logits averaged (`document_predictions`).
+
+    A `pipeline("text-classification")` reads one window; a classifier fine-tuned with `windows`
+    > 1 scores a long text as it was trained and validated with this. Take the values from the
+    run's metrics.json (`"inputs"`).
+    """
+    model.eval()
+    pieces = tokenizer(list(texts), add_special_tokens=False, truncation=False, verbose=False)["input_ids"]
+    rows, documents = [], []
+    for document, ids in enumerate(pieces):
+        for piece in windows_of(ids, max_length - 2, windows, truncation):
+            rows.append([tokenizer.cls_token_id, *piece, tokenizer.sep_token_id])
+            documents.append(document)
+    logits = []
+    for start in range(0, len(rows), batch_size):
+        batch = tokenizer.pad({"input_ids": rows[start : start + batch_size]}, return_tensors="pt")  # (B, T) ids and mask
+        logits.append(model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float().numpy())
+    mean, _ = document_predictions(np.concatenate(logits), np.zeros(len(rows), dtype=int), documents)
+    return mean
+
+
 def predicted_classes(logits) -> np.ndarray:
     """Logits (N, K), or a tuple whose first item they are -> predicted class ids (N,)."""
     logits = logits[0] if isinstance(logits, tuple) else logits
@@ -585,6 +658,10 @@ class FinetuneConfig(ConfigFile):
         default=None,
         metadata={"choices": TRUNCATIONS, "help": f"which tokens of a long text to keep: the first ones, or the first quarter and the last three quarters (default: head+tail for single texts, head for text pairs; {DOCS})"},
     )  # fmt: skip
+    windows: int = field(
+        default=1,
+        metadata={"help": f"read a long single text as up to N windows of --max-length tokens, each a training example with the text's label; a text's prediction is the mean of its windows' logits (default: 1, one window; {DOCS})"},
+    )  # fmt: skip
     # --- training ---
     epochs: float | None = field(
         default=None, metadata={"help": f"passes over the training data (default: {DEFAULT_EPOCHS}, or more to reach --min-steps)"}
@@ -646,6 +723,10 @@ class FinetuneConfig(ConfigFile):
             raise ScratchBertError(f"early_stopping_patience={patience!r}: it must be a whole number of evaluations, 0 (off) or more (--early-stopping-patience).")
         if self.pooling is not None and self.pooling not in CLASSIFIER_POOLINGS:
             raise ScratchBertError(f"pooling must be one of {', '.join(CLASSIFIER_POOLINGS)}, got {self.pooling!r} (--pooling).")
+        if isinstance(self.windows, bool) or not isinstance(self.windows, int) or self.windows < 1:
+            raise ScratchBertError(f"windows={self.windows!r}: it must be a whole number, 1 or more (--windows).")
+        if self.windows > 1 and self.text_pair_column is not None:
+            raise ScratchBertError("windows cut single texts; with --text-pair-column leave --windows at 1.")
         if self.truncation is not None and self.truncation not in TRUNCATIONS:
             raise ScratchBertError(f"truncation must be one of {', '.join(TRUNCATIONS)}, got {self.truncation!r}.")
         if not 0.0 <= self.warmup_ratio < 1.0 or self.weight_decay < 0:
@@ -713,7 +794,7 @@ def fitted_inputs(config: FinetuneConfig, positions: int) -> dict[str, Any]:
     the start of a text pair, whose two texts head+tail cannot cut.
 
     Returns:
-        {"max_length", "truncation", "positions", "chosen_by": {option: why}}
+        {"max_length", "truncation", "windows" (as given), "positions", "chosen_by": {option: why}}
     """
     max_length, truncation = config.max_length, config.truncation
     chosen_by = {"max_length": "given", "truncation": "given"}
@@ -726,19 +807,19 @@ def fitted_inputs(config: FinetuneConfig, positions: int) -> dict[str, Any]:
         pairs = config.text_pair_column is not None
         truncation = "head" if pairs else "head+tail"
         chosen_by["truncation"] = "default: head for text pairs" if pairs else "default: head+tail for single texts"
-    return {"max_length": max_length, "truncation": truncation, "positions": positions, "chosen_by": chosen_by}
+    return {"max_length": max_length, "truncation": truncation, "windows": config.windows, "positions": positions, "chosen_by": chosen_by}
 
 
 def report_collapse(trainer, outputs: dict, label_names: Sequence[str]) -> dict | None:
     """Whether the kept model gives (nearly) every example one class (`collapse_of`), split by split.
 
-    `outputs` maps split names to `Trainer.predict` outputs. Returns None, or the collapsed
+    `outputs` maps split names to (logits (D, K), labels (D,)) of each text. Returns None, or the collapsed
     splits with "epochs_collapsed" ("E of N" evaluated epochs) and "advice"; each is also logged
     as a warning.
     """
     collapsed = {}
-    for split, output in outputs.items():
-        found = collapse_of(predicted_classes(output.predictions), output.label_ids, label_names)
+    for split, (logits, labels) in outputs.items():
+        found = collapse_of(predicted_classes(logits), labels, label_names)
         if found is not None:
             collapsed[split] = found
     if not collapsed:
@@ -812,7 +893,7 @@ def finetune(config: FinetuneConfig, model_class=None) -> dict[str, Any]:
     Learning rate and epochs not given are fitted to the model's width and the number of
     training examples (`fitted_schedule`), the tokens read per example and which ones to the
     model's positions and the kind of text (`fitted_inputs`). Evaluates accuracy and macro-F1 on the validation
-    split after every epoch (stopping after `early_stopping_patience` evaluations without a
+    split after every epoch, per text (a text read in `windows` is scored by its windows' mean logits) (stopping after `early_stopping_patience` evaluations without a
     better `best_metric`, when set), reloads the epoch with the best `best_metric` at the end,
     optionally scores a test split with it, reports a classifier that gives (nearly) every
     example one class (`report_collapse`), and saves model (with `id2label`/`label2id`),
@@ -842,7 +923,7 @@ def finetune(config: FinetuneConfig, model_class=None) -> dict[str, Any]:
     label_names = checkpoint_label_order(checkpoint, label_names, config.reinit_head)
     logger.info("%d labels: %s; %s", len(label_names), ", ".join(label_names), ", ".join(f"{k} {len(v)} rows" for k, v in splits.items()))
     splits = encode_labels(splits, config.label_column, label_names)
-    splits = tokenize_splits(splits, tokenizer, config.text_column, config.text_pair_column, inputs["max_length"], inputs["truncation"])
+    splits = tokenize_splits(splits, tokenizer, config.text_column, config.text_pair_column, inputs["max_length"], inputs["truncation"], config.windows)
 
     schedule = fitted_schedule(config, model_config.get("hidden_size", 768), len(splits["train"]))
     logger.info(
@@ -888,7 +969,7 @@ def _train_and_score(
     # Early stopping reads the same per-epoch evaluation that picks the kept epoch (and the best one is still reloaded).
     stopper = OneClassAwareEarlyStopping(early_stopping_patience=config.early_stopping_patience) if config.early_stopping_patience else None
     trainer = make_trainer(
-        model, tokenizer, args, splits["train"], splits["validation"], compute_metrics=sequence_classification_metrics,
+        model, tokenizer, args, splits["train"], splits["validation"], compute_metrics=document_metrics(splits["validation"]["document"]),
         callbacks=[stopper] if stopper else None,
     )  # fmt: skip
     train_output = trainer.train()
@@ -908,11 +989,15 @@ def _train_and_score(
         "pooling": getattr(model.config, "classifier_pooling", "cls"),
         "early_stopping": early_stopping_record(trainer, stopper, schedule),
     }
-    # The kept model's predictions, to check them for a one-class answer (the test split's scores come with them).
-    outputs = {"validation": trainer.predict(splits["validation"], metric_key_prefix="eval")}
-    if "test" in splits:
-        outputs["test"] = trainer.predict(splits["test"], metric_key_prefix="test")
-        results["test"] = unprefixed(outputs["test"].metrics, "test_")
+    # The kept model's predictions of each text, to check them for a one-class answer (the test split's scores come with them).
+    outputs = {}
+    for split, prefix in (("validation", "eval"), ("test", "test")):
+        if split in splits:
+            trainer.compute_metrics = document_metrics(splits[split]["document"])
+            output = trainer.predict(splits[split], metric_key_prefix=prefix)
+            outputs[split] = document_predictions(output.predictions, output.label_ids, splits[split]["document"])
+            if split == "test":
+                results["test"] = unprefixed(output.metrics, "test_")
     results["collapsed"] = report_collapse(trainer, outputs, label_names)
     trainer.save_model(str(output_dir))  # save_pretrained of the model and of the tokenizer
     results["log_history"] = trainer.state.log_history
