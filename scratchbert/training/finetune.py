@@ -292,6 +292,18 @@ def windows_of(token_ids: Sequence[int], window: int, windows: int = 1, truncati
     return [kept[start:end] for start, end in zip(bounds, bounds[1:])]
 
 
+def window_examples(texts: Sequence[str], tokenizer, max_length: int, truncation: str, windows: int) -> tuple[list[list[int]], list[int]]:
+    """The `[CLS] window [SEP]` token ids of each text's windows (`windows_of`, `max_length` tokens
+    with the two specials), and for each the position of its text in `texts`."""
+    pieces = tokenizer(list(texts), add_special_tokens=False, truncation=False, verbose=False)["input_ids"]
+    input_ids, positions = [], []
+    for position, ids in enumerate(pieces):
+        for piece in windows_of(ids, max_length - 2, windows, truncation):
+            input_ids.append([tokenizer.cls_token_id, *piece, tokenizer.sep_token_id])
+            positions.append(position)
+    return input_ids, positions
+
+
 def tokenize_splits(
     splits, tokenizer, text_column: str, text_pair_column: str | None, max_length: int, truncation: str = "head", windows: int = 1
 ):
@@ -313,16 +325,14 @@ def tokenize_splits(
         if text_pair_column is not None or (truncation == "head" and windows == 1):
             pair = batch[text_pair_column] if text_pair_column is not None else None
             return {**tokenizer(batch[text_column], pair, truncation=True, max_length=max_length), "labels": batch["labels"], "document": indices}
-        pieces = tokenizer(batch[text_column], add_special_tokens=False, truncation=False, verbose=False)["input_ids"]
-        rows = {"input_ids": [], "labels": [], "document": []}
-        for ids, label, document in zip(pieces, batch["labels"], indices):
-            for piece in windows_of(ids, max_length - 2, windows, truncation):
-                rows["input_ids"].append([tokenizer.cls_token_id, *piece, tokenizer.sep_token_id])
-                rows["labels"].append(label)
-                rows["document"].append(document)
-        rows["token_type_ids"] = [[0] * len(ids) for ids in rows["input_ids"]]
-        rows["attention_mask"] = [[1] * len(ids) for ids in rows["input_ids"]]
-        return rows
+        input_ids, positions = window_examples(batch[text_column], tokenizer, max_length, truncation, windows)
+        return {
+            "input_ids": input_ids,
+            "token_type_ids": [[0] * len(ids) for ids in input_ids],
+            "attention_mask": [[1] * len(ids) for ids in input_ids],
+            "labels": [batch["labels"][i] for i in positions],
+            "document": [indices[i] for i in positions],
+        }
 
     tokenized = {}
     for name, split in splits.items():
@@ -516,12 +526,7 @@ def classify_texts(
     run's metrics.json (`"inputs"`).
     """
     model.eval()
-    pieces = tokenizer(list(texts), add_special_tokens=False, truncation=False, verbose=False)["input_ids"]
-    rows, documents = [], []
-    for document, ids in enumerate(pieces):
-        for piece in windows_of(ids, max_length - 2, windows, truncation):
-            rows.append([tokenizer.cls_token_id, *piece, tokenizer.sep_token_id])
-            documents.append(document)
+    rows, documents = window_examples(texts, tokenizer, max_length, truncation, windows)
     logits = []
     for start in range(0, len(rows), batch_size):
         batch = tokenizer.pad({"input_ids": rows[start : start + batch_size]}, return_tensors="pt")  # (B, T) ids and mask
