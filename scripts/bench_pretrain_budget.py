@@ -300,8 +300,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--test-examples", "--test-reviews", type=int, help="test documents (default: the set's)")
     parser.add_argument("--mlm-eval-examples", "--mlm-eval-reviews", type=int, default=1000, help="unseen documents for held-out MLM accuracy")
     parser.add_argument("--finetune-length", type=int, default=FINETUNE_LENGTH, help="tokens per document (head+tail unless --finetune-option truncation=head); another length than 256 gets its own runs and table")
-    parser.add_argument("--epochs", type=float, help="fine-tuning epochs (default: the command's)")
-    parser.add_argument("--finetune-lr", type=float, help="fine-tuning peak learning rate (default: the command's, by width)")
+    parser.add_argument("--epochs", type=float, help="fine-tuning epochs (default: the command's); its runs and table get their own names")
+    parser.add_argument("--finetune-lr", type=float, help="fine-tuning peak learning rate (default: the command's, by width); its runs and table get their own names")
     parser.add_argument("--pooling", choices=["cls", "mean"], help="fine-tuning head's pooling (default: the command's, by width); its runs and table get their own names")
     parser.add_argument(
         "--finetune-option", dest="finetune_options", action="append", default=[], metavar="NAME=VALUE",
@@ -356,6 +356,8 @@ FINETUNE_OWN_FLAGS = {
 def finetune_tag(args) -> str:
     """The suffix of the fine-tuning runs' folders and of the table: "" for the benchmark's own settings."""
     parts = [f"len{args.finetune_length}"] if args.finetune_length != FINETUNE_LENGTH else []
+    parts += [f"lr{args.finetune_lr:g}"] if args.finetune_lr is not None else []
+    parts += [f"epochs{args.epochs:g}"] if args.epochs is not None else []
     parts += ([args.pooling] if args.pooling else []) + [f"{name}={value}" for name, value in sorted(args.finetune_options.items())]
     return "".join(f"-{part}" for part in parts)
 

@@ -148,6 +148,8 @@ def test_budget_bench_passes_finetune_options_and_names_their_runs(monkeypatch):
     assert bench.finetune_settings(args) == "pooling mean, min_steps 600"  # the truncation is named in the header
     assert bench.finetune_tag(bench.parse_args(["--finetune-length", "128", "--finetune-option", "truncation=head"])) == "-len128-truncation=head"
     assert "finetune_options" in bench.FINETUNE_ARGS  # a reused run made with other options is made again
+    # another learning rate or number of epochs does not overwrite the default runs of the same length
+    assert bench.finetune_tag(bench.parse_args(["--finetune-length", "512", "--finetune-lr", "5e-4", "--epochs", "5"])) == "-len512-lr0.0005-epochs5"
 
 
 def test_budget_bench_reuses_only_a_pretraining_run_made_as_the_table_would_say(monkeypatch, tmp_path):
