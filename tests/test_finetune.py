@@ -682,6 +682,12 @@ def test_windows_read_what_one_window_cuts_off(tmp_path, capsys, cli_main, scrat
         assert logits.shape == (64, 2)
         predicted = [model.config.id2label[int(i)] for i in logits.argmax(-1)]
         assert np.mean([p == row["label"] for p, row in zip(predicted, rows)]) == pytest.approx(accuracy[windows])
+    with pytest.raises(ValueError, match="the model's 64 positions, got 100"):
+        classify_texts(model, AutoTokenizer.from_pretrained(out), ["w1 good"], max_length=100)
+    with pytest.raises(ValueError, match="windows=0: it must be a whole number"):
+        classify_texts(model, AutoTokenizer.from_pretrained(out), ["w1 good"], max_length=8, windows=0)
+    with pytest.raises(ValueError, match="got no texts"):
+        classify_texts(model, AutoTokenizer.from_pretrained(out), [], max_length=8)
     assert accuracy[1] < 0.75 and accuracy[3] > 0.9, accuracy  # the keyword is out of one window's reach, in three's
 
 

@@ -292,6 +292,12 @@ def windows_of(token_ids: Sequence[int], window: int, windows: int = 1, truncati
     return [kept[start:end] for start, end in zip(bounds, bounds[1:])]
 
 
+def check_max_length(max_length: int, positions: int) -> None:
+    """Fail, naming the limits, when `max_length` tokens do not fit the model's `positions` or leave no room for text."""
+    if not 2 <= max_length <= positions:
+        raise ScratchBertError(f"max_length must be between 2 (room for [CLS] and [SEP]) and the model's {positions} positions, got {max_length}.")
+
+
 def window_examples(texts: Sequence[str], tokenizer, max_length: int, truncation: str, windows: int) -> tuple[list[list[int]], list[int]]:
     """The `[CLS] window [SEP]` token ids of each text's windows (`windows_of`, `max_length` tokens
     with the two specials), and for each the position of its text in `texts`."""
@@ -525,6 +531,14 @@ def classify_texts(
     > 1 scores a long text as it was trained and validated with this. Take the values from the
     run's metrics.json (`"inputs"`).
     """
+    positions = model.config.max_position_embeddings
+    if not texts:
+        raise ScratchBertError("classify_texts got no texts; give a list of strings.")
+    check_max_length(max_length, positions)
+    if truncation not in TRUNCATIONS:
+        raise ScratchBertError(f"truncation={truncation!r}: choose one of {', '.join(TRUNCATIONS)}.")
+    if isinstance(windows, bool) or not isinstance(windows, int) or windows < 1:
+        raise ScratchBertError(f"windows={windows!r}: it must be a whole number, 1 or more.")
     model.eval()
     rows, documents = window_examples(texts, tokenizer, max_length, truncation, windows)
     logits = []
@@ -806,8 +820,7 @@ def fitted_inputs(config: FinetuneConfig, positions: int) -> dict[str, Any]:
     if max_length is None:
         max_length = min(DEFAULT_MAX_LENGTH, positions)
         chosen_by["max_length"] = f"default: {DEFAULT_MAX_LENGTH}, or the model's positions"
-    if not 2 <= max_length <= positions:
-        raise ScratchBertError(f"max_length must be between 2 (room for [CLS] and [SEP]) and the model's {positions} positions, got {max_length}.")
+    check_max_length(max_length, positions)
     if truncation is None:
         pairs = config.text_pair_column is not None
         truncation = "head" if pairs else "head+tail"
@@ -897,9 +910,10 @@ def finetune(config: FinetuneConfig, model_class=None) -> dict[str, Any]:
 
     Learning rate and epochs not given are fitted to the model's width and the number of
     training examples (`fitted_schedule`), the tokens read per example and which ones to the
-    model's positions and the kind of text (`fitted_inputs`). Evaluates accuracy and macro-F1 on the validation
-    split after every epoch, per text (a text read in `windows` is scored by its windows' mean logits) (stopping after `early_stopping_patience` evaluations without a
-    better `best_metric`, when set), reloads the epoch with the best `best_metric` at the end,
+    model's positions and the kind of text (`fitted_inputs`). Evaluates accuracy and macro-F1 on the
+    validation split after every epoch, per text: a text read in several `windows` by its windows' mean
+    logits (stopping after `early_stopping_patience` evaluations without a better `best_metric`, when
+    set), reloads the epoch with the best `best_metric` at the end,
     optionally scores a test split with it, reports a classifier that gives (nearly) every
     example one class (`report_collapse`), and saves model (with `id2label`/`label2id`),
     tokenizer and `metrics.json`. Epoch checkpoints go to `output_dir/checkpoints`.
