@@ -42,7 +42,7 @@ from typing import Any, Sequence
 
 import numpy as np
 import torch
-from transformers import EarlyStoppingCallback, EvalPrediction
+from transformers import EarlyStoppingCallback, EvalPrediction, TrainerCallback
 
 from scratchbert.configuration_scratchbert import CLASSIFIER_POOLINGS
 from scratchbert.errors import ScratchBertError
@@ -55,12 +55,14 @@ from scratchbert.weights import check_weights, model_folder, read_model_config, 
 logger = logging.getLogger(__name__)
 
 METRICS = ("accuracy", "macro_f1")  # what each evaluation reports; either can pick the best epoch
+TIES = ("latest", "earliest")  # which of several epochs with the same best score is kept (`LatestOfEqualEpochs`)
 LABEL_KINDS = {  # Arrow dtype of a label column -> how its values become label names
     **dict.fromkeys(("string", "large_string"), "string"),
     **dict.fromkeys(("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"), "integer"),
     "bool": "integer",  # False/True are the integers 0/1
 }
 DEFAULT_MAX_LENGTH = 256  # tokens per example unless asked otherwise (or the model has fewer positions); measured: DOCS
+DEFAULT_WINDOWS = 2  # windows of DEFAULT_MAX_LENGTH per single text unless asked otherwise; measured: DOCS
 # The `FinetuneConfig` fields that choose and cut the data (the parameters of `load_splits`).
 SPLIT_OPTIONS = (
     "train_files", "validation_files", "test_files", "dataset_name", "dataset_config", "train_split",
@@ -522,14 +524,15 @@ def document_metrics(documents: Sequence[int]):
 
 @torch.no_grad()
 def classify_texts(
-    model, tokenizer, texts: Sequence[str], max_length: int = DEFAULT_MAX_LENGTH, truncation: str = "head+tail", windows: int = 1, batch_size: int = 64
+    model, tokenizer, texts: Sequence[str], max_length: int = DEFAULT_MAX_LENGTH, truncation: str = "head+tail", windows: int = DEFAULT_WINDOWS, batch_size: int = 64
 ) -> np.ndarray:
     """Each text's class logits (D, K), read as `finetune` reads it: up to `windows` windows of
     `max_length` tokens (`windows_of`), their logits averaged (`document_predictions`).
 
     A `pipeline("text-classification")` reads one window; a classifier fine-tuned with `windows`
-    > 1 scores a long text as it was trained and validated with this. Take the values from the
-    run's metrics.json (`"inputs"`).
+    > 1 (a single-text classifier, by default) scores a long text as it was trained and validated
+    with this. The defaults are `finetune`'s for single texts; a run's own values are in its
+    metrics.json (`"inputs"`).
     """
     positions = model.config.max_position_embeddings
     if not texts:
@@ -643,6 +646,26 @@ class OneClassAwareEarlyStopping(EarlyStoppingCallback):
         super().on_evaluate(args, state, control, metrics, **kwargs)
 
 
+class LatestOfEqualEpochs(TrainerCallback):
+    """Keep the latest of the epochs that share the best score, not the first.
+
+    Trainer replaces the kept epoch only with a strictly better one. A small validation split
+    gives few distinct scores (45 texts: accuracy moves in steps of 1/45), so several epochs
+    often tie, and Trainer's rule keeps the first of them: a model a quarter into its schedule,
+    still at a high learning rate, where the tied later epochs have trained longer and annealed.
+    Before Trainer compares, a score equal to the best so far lowers the best by one float
+    step, so the tie counts as better. Registered after early stopping, which still counts a
+    tie as no improvement.
+    """
+
+    def __init__(self, metric: str):
+        self.key = metric if metric.startswith("eval_") else f"eval_{metric}"
+
+    def on_evaluate(self, args, state, control, metrics, **kwargs):
+        if state.best_metric is not None and metrics.get(self.key) == state.best_metric:
+            state.best_metric = math.nextafter(state.best_metric, -math.inf)
+
+
 # ---------------------------------------------------------------------------
 # 6. The run: one configuration object, then train / select / score / save
 # ---------------------------------------------------------------------------
@@ -677,9 +700,9 @@ class FinetuneConfig(ConfigFile):
         default=None,
         metadata={"choices": TRUNCATIONS, "help": f"which tokens of a long text to keep: the first ones, or the first quarter and the last three quarters (default: head+tail for single texts, head for text pairs; {DOCS})"},
     )  # fmt: skip
-    windows: int = field(
-        default=1,
-        metadata={"help": f"read a long single text as up to N windows of --max-length tokens, each a training example with the text's label; a text's prediction is the mean of its windows' logits (default: 1, one window; {DOCS})"},
+    windows: int | None = field(
+        default=None,
+        metadata={"help": f"read a long single text as up to N windows of --max-length tokens, each a training example with the text's label; a text's prediction is the mean of its windows' logits (default: {DEFAULT_WINDOWS} for single texts, 1 for text pairs; {DOCS})"},
     )  # fmt: skip
     # --- training ---
     epochs: float | None = field(
@@ -697,6 +720,10 @@ class FinetuneConfig(ConfigFile):
     weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay"})
     warmup_ratio: float = field(default=0.1, metadata={"help": "fraction of steps with a linear warmup"})
     best_metric: str = field(default="macro_f1", metadata={"choices": METRICS, "help": "picks the epoch that is kept"})
+    ties: str = field(
+        default="latest",
+        metadata={"choices": TIES, "help": f"of epochs with an equal best --best-metric, keep the latest (trained longest) or the earliest (Trainer's own rule; {DOCS})"},
+    )  # fmt: skip
     early_stopping_patience: int | None = field(
         default=DEFAULT_EARLY_STOPPING_PATIENCE,
         metadata={"help": f"stop after this many epochs' evaluations without a better --best-metric; 0: train every epoch (default: {DEFAULT_EARLY_STOPPING_PATIENCE or 'off'}, {DOCS})"},
@@ -737,14 +764,16 @@ class FinetuneConfig(ConfigFile):
             raise ScratchBertError(f"min_steps={self.min_steps!r}: it must be a whole number, 0 or more (--min-steps).")
         if self.best_metric not in METRICS:
             raise ScratchBertError(f"best_metric must be one of {', '.join(METRICS)}, got {self.best_metric!r}.")
+        if self.ties not in TIES:
+            raise ScratchBertError(f"ties must be one of {', '.join(TIES)}, got {self.ties!r}.")
         patience = self.early_stopping_patience
         if patience is not None and (isinstance(patience, bool) or not isinstance(patience, int) or patience < 0):
             raise ScratchBertError(f"early_stopping_patience={patience!r}: it must be a whole number of evaluations, 0 (off) or more (--early-stopping-patience).")
         if self.pooling is not None and self.pooling not in CLASSIFIER_POOLINGS:
             raise ScratchBertError(f"pooling must be one of {', '.join(CLASSIFIER_POOLINGS)}, got {self.pooling!r} (--pooling).")
-        if isinstance(self.windows, bool) or not isinstance(self.windows, int) or self.windows < 1:
+        if self.windows is not None and (isinstance(self.windows, bool) or not isinstance(self.windows, int) or self.windows < 1):
             raise ScratchBertError(f"windows={self.windows!r}: it must be a whole number, 1 or more (--windows).")
-        if self.windows > 1 and self.text_pair_column is not None:
+        if self.windows is not None and self.windows > 1 and self.text_pair_column is not None:
             raise ScratchBertError("windows cut single texts; with --text-pair-column leave --windows at 1.")
         if self.truncation is not None and self.truncation not in TRUNCATIONS:
             raise ScratchBertError(f"truncation must be one of {', '.join(TRUNCATIONS)}, got {self.truncation!r}.")
@@ -810,22 +839,26 @@ def fitted_inputs(config: FinetuneConfig, positions: int) -> dict[str, Any]:
 
     A value given in `config` is used as it is. Otherwise `DEFAULT_MAX_LENGTH` tokens (fewer if the
     model has fewer `positions`), cut head+tail from a single text (its start and its end) and from
-    the start of a text pair, whose two texts head+tail cannot cut.
+    the start of a text pair, whose two texts head+tail cannot cut; a single text is read in up to
+    `DEFAULT_WINDOWS` windows of that length, a text pair in one.
 
     Returns:
-        {"max_length", "truncation", "windows" (as given), "positions", "chosen_by": {option: why}}
+        {"max_length", "truncation", "windows", "positions", "chosen_by": {option: why}}
     """
-    max_length, truncation = config.max_length, config.truncation
-    chosen_by = {"max_length": "given", "truncation": "given"}
+    max_length, truncation, windows = config.max_length, config.truncation, config.windows
+    chosen_by = {"max_length": "given", "truncation": "given", "windows": "given"}
+    pairs = config.text_pair_column is not None
     if max_length is None:
         max_length = min(DEFAULT_MAX_LENGTH, positions)
         chosen_by["max_length"] = f"default: {DEFAULT_MAX_LENGTH}, or the model's positions"
     check_max_length(max_length, positions)
     if truncation is None:
-        pairs = config.text_pair_column is not None
         truncation = "head" if pairs else "head+tail"
         chosen_by["truncation"] = "default: head for text pairs" if pairs else "default: head+tail for single texts"
-    return {"max_length": max_length, "truncation": truncation, "windows": config.windows, "positions": positions, "chosen_by": chosen_by}
+    if windows is None:
+        windows = 1 if pairs else DEFAULT_WINDOWS
+        chosen_by["windows"] = "default: 1 for text pairs" if pairs else f"default: {DEFAULT_WINDOWS} for single texts"
+    return {"max_length": max_length, "truncation": truncation, "windows": windows, "positions": positions, "chosen_by": chosen_by}
 
 
 def report_collapse(trainer, outputs: dict, label_names: Sequence[str]) -> dict | None:
@@ -928,7 +961,10 @@ def finetune(config: FinetuneConfig, model_class=None) -> dict[str, Any]:
     check_weights(checkpoint)  # a missing, truncated or corrupt weight file fails here, in one line
     model_config = read_model_config(checkpoint)
     inputs = fitted_inputs(config, model_config.get("max_position_embeddings", 512))
-    logger.info("%d tokens per example (%s), %s truncation (%s)", inputs["max_length"], inputs["chosen_by"]["max_length"], inputs["truncation"], inputs["chosen_by"]["truncation"])
+    logger.info(
+        "%d tokens per example (%s), %s truncation (%s), up to %d windows per text (%s)", inputs["max_length"], inputs["chosen_by"]["max_length"],
+        inputs["truncation"], inputs["chosen_by"]["truncation"], inputs["windows"], inputs["chosen_by"]["windows"],
+    )  # fmt: skip
     output_dir = Path(config.output_dir)
     _check_output_dir(output_dir, config.overwrite)
     tokenizer = load_tokenizer(config.tokenizer if config.tokenizer is not None else checkpoint, max_length=inputs["positions"])
@@ -942,7 +978,7 @@ def finetune(config: FinetuneConfig, model_class=None) -> dict[str, Any]:
     label_names = checkpoint_label_order(checkpoint, label_names, config.reinit_head)
     logger.info("%d labels: %s; %s", len(label_names), ", ".join(label_names), ", ".join(f"{k} {len(v)} rows" for k, v in splits.items()))
     splits = encode_labels(splits, config.label_column, label_names)
-    splits = tokenize_splits(splits, tokenizer, config.text_column, config.text_pair_column, inputs["max_length"], inputs["truncation"], config.windows)
+    splits = tokenize_splits(splits, tokenizer, config.text_column, config.text_pair_column, inputs["max_length"], inputs["truncation"], inputs["windows"])
 
     schedule = fitted_schedule(config, model_config.get("hidden_size", 768), len(splits["train"]))
     logger.info(
@@ -987,9 +1023,12 @@ def _train_and_score(
     )
     # Early stopping reads the same per-epoch evaluation that picks the kept epoch (and the best one is still reloaded).
     stopper = OneClassAwareEarlyStopping(early_stopping_patience=config.early_stopping_patience) if config.early_stopping_patience else None
+    callbacks = [stopper] if stopper else []
+    if config.ties == "latest":
+        callbacks.append(LatestOfEqualEpochs(config.best_metric))  # after the stopper: it must see the tie as a tie
     trainer = make_trainer(
         model, tokenizer, args, splits["train"], splits["validation"], compute_metrics=document_metrics(splits["validation"]["document"]),
-        callbacks=[stopper] if stopper else None,
+        callbacks=callbacks,
     )  # fmt: skip
     train_output = trainer.train()
 
