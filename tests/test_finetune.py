@@ -462,14 +462,14 @@ def test_defaults_follow_the_model_width_and_the_number_of_examples():
         FinetuneConfig("ckpt", output_dir="out", min_steps=-1)
 
 
-def test_inputs_default_to_two_windows_of_256_tokens_head_and_tail_for_single_texts_and_given_values_win():
+def test_inputs_default_to_four_windows_of_256_tokens_head_and_tail_for_single_texts_and_given_values_win():
     # Measured on BBC News and IMDB (docs/finetuning.md): the old 128 tokens from the start lost 3 to 6 points,
-    # and a second window of 256 gained on both.
+    # and reading up to four windows of 256 gained on both.
     single = fitted_inputs(FinetuneConfig("ckpt", output_dir="out"), positions=512)
-    assert (single["max_length"], single["truncation"], single["windows"]) == (256, "head+tail", 2)
+    assert (single["max_length"], single["truncation"], single["windows"]) == (256, "head+tail", 4)
     assert single["chosen_by"] == {
         "max_length": "default: 256, or the model's positions", "truncation": "default: head+tail for single texts",
-        "windows": "default: 2 for single texts",
+        "windows": "default: 4 for single texts",
     }  # fmt: skip
     pair = fitted_inputs(FinetuneConfig("ckpt", output_dir="out", text_pair_column="hypothesis"), positions=512)
     assert (pair["truncation"], pair["windows"]) == ("head", 1)  # head+tail and windows cut one text

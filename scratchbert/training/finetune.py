@@ -62,7 +62,7 @@ LABEL_KINDS = {  # Arrow dtype of a label column -> how its values become label 
     "bool": "integer",  # False/True are the integers 0/1
 }
 DEFAULT_MAX_LENGTH = 256  # tokens per example unless asked otherwise (or the model has fewer positions); measured: DOCS
-DEFAULT_WINDOWS = 2  # windows of DEFAULT_MAX_LENGTH per single text unless asked otherwise; measured: DOCS
+DEFAULT_WINDOWS = 4  # windows of DEFAULT_MAX_LENGTH per single text unless asked otherwise; measured: DOCS
 # The `FinetuneConfig` fields that choose and cut the data (the parameters of `load_splits`).
 SPLIT_OPTIONS = (
     "train_files", "validation_files", "test_files", "dataset_name", "dataset_config", "train_split",
