@@ -659,7 +659,7 @@ class LatestOfEqualEpochs(TrainerCallback):
     """
 
     def __init__(self, metric: str):
-        self.key = metric if metric.startswith("eval_") else f"eval_{metric}"
+        self.key = f"eval_{metric}"  # `metric` is one of METRICS, as `compute_metrics` names it
 
     def on_evaluate(self, args, state, control, metrics, **kwargs):
         if state.best_metric is not None and metrics.get(self.key) == state.best_metric:
