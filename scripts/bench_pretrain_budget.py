@@ -40,6 +40,7 @@ pretrain command's own model (`tiny`, 4,096 tokens, 64-token blocks). Needs
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import random
@@ -54,6 +55,7 @@ from labelled_sets import IMDB, SETS, cpu_name, have_scikit_learn, imdb_set, tfi
 
 from scratchbert import cpu_gemm
 from scratchbert.training.config import DEFAULT_VOCAB_SIZE, PretrainConfig
+from scratchbert.training import finetune as finetune_module
 from scratchbert.training.finetune import FinetuneConfig
 
 # What a set's labelled examples default to: a label budget, a separate validation set (0: the
@@ -211,11 +213,20 @@ def held_out_mlm_accuracy(model_dir: Path, tokenizer, texts: list[str], max_seq_
     return evaluate(model, loader, Accelerator(cpu=True))["mlm_accuracy"]
 
 
-# What a fine-tuning run depends on besides its model: with --reuse, a run made with the same
-# values after the model was saved is not repeated.
+# What a fine-tuning run depends on besides its model and the command's defaults: with --reuse,
+# a run made with the same values after the model was saved is not repeated.
 FINETUNE_ARGS = (
     "set", "train_examples", "validation_examples", "test_examples", "finetune_length", "epochs", "finetune_lr", "pooling", "finetune_options", "seed",
 )  # fmt: skip
+
+
+def command_defaults() -> dict:
+    """What `finetune` chooses where the benchmark gives nothing: FinetuneConfig's field defaults and the
+    module's defaults by width (DEFAULT_*, *_BY_WIDTH). A run made before one of them changed is not
+    reused, so a table never mixes runs of old and new defaults under one name."""
+    fields = {field.name: field.default for field in dataclasses.fields(FinetuneConfig) if field.default is not dataclasses.MISSING}
+    constants = {name: value for name, value in vars(finetune_module).items() if name.startswith("DEFAULT_") or name.endswith("_BY_WIDTH")}
+    return json.loads(json.dumps(fields | constants))  # as a saved record reads it back: tuples as lists
 
 
 def finetune_scores(args, model_dir: Path, data: dict, seed: int, out: Path) -> dict:
@@ -223,7 +234,7 @@ def finetune_scores(args, model_dir: Path, data: dict, seed: int, out: Path) -> 
     from scratchbert.training.finetune import finetune_text_classification
 
     record = out / "bench_finetune.json"
-    settings = {name: getattr(args, name) for name in FINETUNE_ARGS} | {"run_seed": seed}
+    settings = {name: getattr(args, name) for name in FINETUNE_ARGS} | {"run_seed": seed, "command_defaults": command_defaults()}
     if args.reuse and record.is_file() and record.stat().st_mtime > (model_dir / "model.safetensors").stat().st_mtime:
         saved = json.loads(record.read_text())
         if saved["settings"] == settings:
