@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -209,6 +210,35 @@ def test_budget_bench_gives_every_row_a_seeds_labels_and_keeps_validation_and_te
     assert first == again and first != other and len(first) == 20  # the same labels in every row, another set per seed
     no_validation = bench.labelled_data(rows, tmp_path, bench.parse_args(["--set", "bbc-news"]))
     assert no_validation["validation"] is None and len(no_validation["pool"]) == 100
+
+
+def test_budget_bench_fine_tunes_again_when_the_commands_defaults_changed(monkeypatch, tmp_path):
+    """A run made before a `finetune` default changed is not reused under the same table name."""
+    from scratchbert.training import finetune
+
+    bench = budget_bench_module(monkeypatch)
+    calls = []
+
+    def fake_finetune(checkpoint, output_dir, **options):
+        calls.append(options)
+        return {
+            "test": {"accuracy": 0.5, "macro_f1": 0.4}, "collapsed": None, "schedule": {"learning_rate": 1e-3},
+            "early_stopping": {"optimizer_steps_run": 300}, "pooling": "mean",
+        }  # fmt: skip
+
+    monkeypatch.setattr(finetune, "finetune_text_classification", fake_finetune)
+    model = tmp_path / "a"
+    model.mkdir()
+    (model / "model.safetensors").write_bytes(b"")
+    os.utime(model / "model.safetensors", (0, 0))  # saved long before any fine-tuning record
+    data = {"pool": [{"text": f"text {i}", "label": i % 2} for i in range(10)], "validation": None, "test": tmp_path / "test.jsonl"}
+    args = bench.parse_args(["--set", "bbc-news", "--reuse"])
+    out = tmp_path / "finetune-a-0"
+    first = bench.finetune_scores(args, model, data, 0, out)
+    assert bench.finetune_scores(args, model, data, 0, out) == first and len(calls) == 1  # same settings, same defaults: reused
+    monkeypatch.setattr(finetune, "DEFAULT_WINDOWS", finetune.DEFAULT_WINDOWS + 1)
+    bench.finetune_scores(args, model, data, 0, out)
+    assert len(calls) == 2  # another default: fine-tuned again
 
 
 # ---------------------------------------------------------------------------------------------
