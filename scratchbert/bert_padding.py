@@ -127,6 +127,24 @@ def is_tracing() -> bool:
     return torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.onnx.is_in_onnx_export()
 
 
+# The device types with an autocast mode, read once at import. Where a backend registers later
+# (a renamed privateuse1 device), `autocast_dtype` asks torch itself, except under a compiler:
+# torch.compile before torch 2.13 cannot trace that C call, and a set lookup it can.
+AUTOCAST_DEVICE_TYPES = frozenset(
+    name for name in ("cpu", "cuda", "xpu", "mps", "hpu", "xla", "ipu", "mtia", "maia", torch._C._get_privateuse1_backend_name())
+    if torch.amp.is_autocast_available(name)
+)
+
+
+def autocast_dtype(device: torch.device) -> torch.dtype | None:
+    """The dtype autocast computes in on `device`, or None where autocast is off (or the device type,
+    e.g. meta, has no autocast)."""
+    available = device.type in AUTOCAST_DEVICE_TYPES or (not is_tracing() and torch.amp.is_autocast_available(device.type))
+    if available and torch.is_autocast_enabled(device.type):
+        return torch.get_autocast_dtype(device.type)
+    return None
+
+
 def plan_buckets(lengths: list[int], token_cost: float, call_cost: float | None = None) -> list[list[int]]:
     """Group sequences for attention: lengths (B,) -> buckets, each a list of sequence indices.
 

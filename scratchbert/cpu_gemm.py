@@ -81,7 +81,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .bert_padding import is_tracing
+from .bert_padding import autocast_dtype, is_tracing
 
 logger = logging.getLogger(__name__)
 
@@ -577,16 +577,9 @@ class _MeasuredLinear(torch.autograd.Function):
         return grad_x, grad_w, grad_b, None
 
 
-def _autocast_on(device: torch.device) -> bool:
-    """Whether autocast is on for `device` (False for device types autocast does not know, e.g. meta)."""
-    return torch.amp.is_autocast_available(device.type) and torch.is_autocast_enabled(device.type)
-
-
 def _compute_dtype(x: torch.Tensor) -> torch.dtype:
     """The dtype the matrix multiply will run in: the autocast dtype when autocast is on."""
-    if _autocast_on(x.device):
-        return torch.get_autocast_dtype(x.device.type)
-    return x.dtype
+    return autocast_dtype(x.device) or x.dtype
 
 
 def linear_weights(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -597,7 +590,7 @@ def linear_weights(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     fp32, as autocast's).
     """
     dtype = _compute_dtype(x)
-    autocast = _autocast_on(x.device)
+    autocast = autocast_dtype(x.device) is not None
     rows = x.numel() // x.size(-1) if x.dim() else 0
     n, k = weight.shape if weight.dim() == 2 else (0, 0)
     floats = (torch.float32, torch.bfloat16)

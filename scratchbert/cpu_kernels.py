@@ -33,7 +33,7 @@ from torch import nn
 
 # Names, not `from . import cpu_gemm`: a checkpoint saved with its code (trust_remote_code) carries
 # the files its modules import as `from .module import name`, and only those.
-from .bert_padding import CALL_COST, default_call_cost, is_tracing
+from .bert_padding import CALL_COST, autocast_dtype, default_call_cost, is_tracing
 from .cpu_gemm import attention_kernel, bf16_in_fp32, linear_post_op, record_attention, stack_qkv, use_measured_kernels
 from .modeling_scratchbert import (
     ATTENTION_FUNCTIONS,
@@ -115,9 +115,8 @@ class CpuSelfAttention(ScratchBertSelfAttention):
             return super().project(hidden_states)
         weights = (self.query.weight, self.key.weight, self.value.weight)
         biases = (self.query.bias, self.key.bias, self.value.bias)
-        device = hidden_states.device.type
-        if torch.is_autocast_enabled(device):
-            dtype = torch.get_autocast_dtype(device)
+        dtype = autocast_dtype(hidden_states.device)
+        if dtype is not None:
             weights, biases = [w.to(dtype) for w in weights], [b.to(dtype) for b in biases]
         projected = F.linear(hidden_states, torch.cat(weights), torch.cat(biases))  # (..., 3H)
         return projected.chunk(3, dim=-1)  # 3 x (..., H): views, no copy

@@ -48,6 +48,7 @@ from typing_extensions import Unpack
 
 from .bert_padding import (
     PackedSequences,
+    autocast_dtype,
     default_call_cost,
     is_tracing,
     labelled_tokens,
@@ -625,9 +626,7 @@ class ScratchBertModel(ScratchBertPreTrainedModel):
 
     def score_dtype(self, device: torch.device, inputs_embeds: torch.Tensor | None) -> torch.dtype:
         """The dtype the attention scores will have: autocast's, else the embeddings' (bf16/fp16 masks for bf16/fp16 models)."""
-        if torch.amp.is_autocast_available(device.type) and torch.is_autocast_enabled(device.type):
-            return torch.get_autocast_dtype(device.type)
-        return (inputs_embeds if inputs_embeds is not None else self.embeddings.word_embeddings.weight).dtype
+        return autocast_dtype(device) or (inputs_embeds if inputs_embeds is not None else self.embeddings.word_embeddings.weight).dtype
 
     def build_mask(self, attention_mask: torch.Tensor | None, dtype: torch.dtype, output_attentions: bool) -> AttentionMask:
         """The mask the layers attend with: None (every token real), the packed layout, or the additive (B, 1, 1, S) mask.
