@@ -78,6 +78,20 @@ TINY_PRETRAIN = {
 }
 
 
+def python_path(*first: Path) -> str:
+    """PYTHONPATH for a subprocess: `first`, then what this process's PYTHONPATH holds (packages installed there)."""
+    return os.pathsep.join([*map(str, first), *filter(None, [os.environ.get("PYTHONPATH")])])
+
+
+def enable_activation_checkpointing(model, kwargs: dict | None = None) -> None:
+    """Activation checkpointing on, by the installed transformers' name for it: `activation_checkpointing_enable`
+    (later 5.x, where the old name is a deprecated alias) or `gradient_checkpointing_enable` (5.17 and before)."""
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
 def tiny_bert_config(**overrides) -> ScratchBertConfig:
     """The tiny geometry of the fast tests: hidden 32, 2 layers, 4 heads, no dropout."""
     fields = dict(

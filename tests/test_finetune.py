@@ -157,6 +157,7 @@ def trainer_args(tmp_path, **overrides) -> TrainingArguments:
 
 
 @pytest.mark.skipif(not cpu_gemm.ONEDNN or cpu_gemm.CAPABILITIES is None, reason="one kernel only here: nothing is chosen by timing")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="Trainer trains on the GPU here: no CPU kernel is timed or chosen")
 def test_full_determinism_gives_the_same_weights_whatever_the_kernel_timings(tmp_path, monkeypatch, scratch_checkpoint, deterministic_mode):
     """Two runs of one seed whose kernel measurements disagree (as two processes on a busy machine
     can) end with identical weights under --full-determinism; without it the kernels are timed."""

@@ -7,7 +7,7 @@ import os
 
 import pytest
 import torch
-from conftest import tiny_bert_config
+from conftest import enable_activation_checkpointing, tiny_bert_config
 
 import scratchbert
 from scratchbert import (
@@ -318,7 +318,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(batch):
         return [p.grad.clone() for p in model.parameters()]
 
     plain = grads()
-    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    enable_activation_checkpointing(model, {"use_reentrant": False})
     assert model.bert.encoder.gradient_checkpointing
     for a, b in zip(plain, grads()):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=0)

@@ -26,6 +26,8 @@ from scratchbert import (
 )
 from scratchbert.bert_padding import labelled_tokens, pack_sequences, pad, plan_buckets, unpad
 
+from conftest import enable_activation_checkpointing
+
 ATOL = 1e-5
 TINY = dict(
     vocab_size=99,
@@ -170,7 +172,7 @@ def test_gradient_checkpointing_on_the_padding_free_path():
 
     model.train()
     plain = gradients()
-    model.activation_checkpointing_enable()
+    enable_activation_checkpointing(model)
     assert model.bert.encoder.gradient_checkpointing
     checkpointed = gradients()
     for name in plain:

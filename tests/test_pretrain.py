@@ -17,7 +17,7 @@ import torch
 import yaml
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState
-from conftest import TINY_PRETRAIN, documentation_corpus, forget_kernel_choices, tiny_bert_config, run_config_maker, run_log, kill_after_saving, saved_tokenizer
+from conftest import TINY_PRETRAIN, python_path, documentation_corpus, forget_kernel_choices, tiny_bert_config, run_config_maker, run_log, kill_after_saving, saved_tokenizer
 
 from scratchbert import ScratchBertConfig, ScratchBertForPreTraining, cpu_gemm
 from scratchbert.training import checkpoint as ckpt
@@ -243,6 +243,7 @@ def test_a_resumed_run_multiplies_on_the_kernels_the_stopped_run_chose(tiny_conf
     and the uninterrupted run's weights."""
     monkeypatch.setattr(cpu_gemm, "MIN_FLOPS", 0)  # the tiny model's products are rerouted as a real model's are
     monkeypatch.delenv("SCRATCHBERT_GEMM_CACHE", raising=False)
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "true")  # `accelerate launch --cpu`: on a machine with a GPU, train on the CPU's kernels
     measured, fastest = [], ["onednn"]
 
     def measure(gemm):  # this process's timings: fastest[0] wins
@@ -559,7 +560,8 @@ def test_two_process_ddp_on_cpu(corpus_file, tokenizer_dir, tmp_path):
     for name, value in flags.items():
         flag = "--" + name.replace("_", "-")
         command += [flag] if value is True else [f"--no-{flag[2:]}"] if value is False else [flag, str(value)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    # No GPU for the ranks, as on CI: on a machine with one GPU, two ranks would both ask for it.
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": python_path(REPO), "CUDA_VISIBLE_DEVICES": ""}
     returncode, output = run_launcher(command, env, tmp_path, timeout=240)
     assert returncode == 0, output[-4000:]
 

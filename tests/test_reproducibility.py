@@ -23,6 +23,8 @@ from safetensors.torch import load_file
 from scratchbert.ingestion import default_corpus_documents
 from scratchbert.training import checkpoint as ckpt
 
+from conftest import python_path
+
 REPO = Path(__file__).resolve().parents[1]
 TINY_FLAGS = [
     "--recipe", "packed", "--hidden-size", "32", "--num-hidden-layers", "2", "--num-attention-heads", "4",
@@ -47,7 +49,7 @@ def command(corpus: Path, output_dir: Path, max_steps: int, save_every: int, *ex
 
 
 def environment(hash_seed: int) -> dict:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": str(hash_seed), "PYTHONPATH": str(REPO)}
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": str(hash_seed), "PYTHONPATH": python_path(REPO)}
 
 
 def run_to_end(argv: list[str], hash_seed: int, cwd: Path) -> None:

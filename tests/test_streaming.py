@@ -11,7 +11,7 @@ import datasets
 import pytest
 import torch
 from accelerate.state import AcceleratorState
-from conftest import kill_after_saving, saved_tokenizer
+from conftest import kill_after_saving, python_path, saved_tokenizer
 
 from scratchbert.ingestion import default_corpus_documents
 from scratchbert.training import checkpoint as ckpt
@@ -159,7 +159,7 @@ def test_two_processes_stream_their_own_documents_and_resume(corpus_file, tokeni
         "--eval-every", "0", "--save-every", "3", "--log-every", "1", "--max-eval-examples", "16", "--report-to", "none",
         "--no-progress-bar",
     ]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": python_path(REPO), "CUDA_VISIBLE_DEVICES": ""}  # CPU ranks, as on CI
     returncode, output = run_launcher([*base, "--max-steps", "6"], env, tmp_path, timeout=240)
     assert returncode == 0, output[-4000:]
     state = ckpt.read_trainer_state(ckpt.list_checkpoints(output_dir)[-1][1])
