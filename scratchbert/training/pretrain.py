@@ -461,7 +461,7 @@ def _announce(run: Run, log: RunLog) -> None:
     accelerator.init_trackers("pretrain", config={k: str(v) if isinstance(v, list) else v for k, v in config.to_dict().items()})
     log.write(
         {
-            "type": "start", "step": run.position.step, "num_processes": accelerator.num_processes,
+            "type": "start", "step": run.position.step, "num_processes": accelerator.num_processes, "device": str(accelerator.device),
             "train_examples": run.train_examples, "eval_examples": run.eval_examples, "objective": config.objective,
             "parameters": parameters, "vocab_size": len(run.tokenizer), "setup_seconds": run.setup_seconds,
         }
