@@ -93,6 +93,13 @@ def test_bench_says_when_onnxruntime_is_missing(monkeypatch):
     assert bench.ort_version() == "(not installed)"
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: the benchmark would run")
+def test_bench_gpu_without_a_gpu_says_so_in_one_line():
+    done = run_script("scripts/bench_gpu.py")
+    assert done.returncode == 2 and "no CUDA device" in done.stderr and "scripts/bench.py times the CPU" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
 def test_bench_targets_say_met_or_not_met():
     bench = bench_module()
     row = bench.Row(case="(a) full-length (16, 128)", dtype="fp32", real_tokens=2048, padded_tokens=2048, ours_s=1.0,
