@@ -15,7 +15,7 @@ Each figure is the median of `--repeats` timings (CUDA events) after warm-up cal
 mean scratchbert is faster. fp32 matrix products use TF32 only if `--tf32` is given (torch's
 default is full fp32).
 
-    python scripts/bench_gpu.py              # about a minute on an H100
+    python scripts/bench_gpu.py --repeats 10 # about half a minute on an H200
     python scripts/bench_gpu.py --repeats 50 --tf32
 """
 
@@ -70,9 +70,14 @@ def median_ms(fn, repeats: int, warmup: int = 3) -> float:
     return statistics.median(times)
 
 
+def autocast(dtype: torch.dtype | None):
+    """Autocast to `dtype` on the GPU; no autocast for None."""
+    return torch.autocast("cuda", dtype=dtype or torch.float32, enabled=dtype is not None)
+
+
 def inference_call(model, batch, autocast_dtype):
     def run():
-        with torch.inference_mode(), torch.autocast("cuda", dtype=autocast_dtype or torch.float32, enabled=autocast_dtype is not None):
+        with torch.inference_mode(), autocast(autocast_dtype):
             model.bert(**batch)
 
     return run
@@ -82,7 +87,7 @@ def training_call(model, batch, autocast_dtype):
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
 
     def step():
-        with torch.autocast("cuda", dtype=autocast_dtype or torch.float32, enabled=autocast_dtype is not None):
+        with autocast(autocast_dtype):
             loss = model(**batch).loss
         loss.backward()
         optimizer.step()
