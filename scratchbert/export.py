@@ -3,8 +3,8 @@
 scratchbert keeps transformers' BERT state-dict names, so the export only rewrites the
 configuration (`model_type "bert"`, `Bert*` architectures) and copies the weights; the
 result loads in `BertForPreTraining` / `BertModel` / `BertFor...` with no missing keys and
-needs no scratchbert at all. A classifier that pools by the mean of its tokens
-(`classifier_pooling="mean"`) is refused: BERT's classifier reads the [CLS] vector.
+needs no scratchbert at all. A classifier that pools its tokens by their mean or max
+(`classifier_pooling="mean"` or `"max"`) is refused: BERT's classifier reads the [CLS] vector.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from scratchbert.errors import ScratchBertError
 from scratchbert.weights import BIN_INDEX, SAFETENSORS_INDEX, check_weights, weight_files
 
 # Configuration keys that only scratchbert (or its remote-code loading) uses. BERT's heads always
-# pool on [CLS] ("cls" is what a BERT checkpoint means), and a "mean" classifier is refused.
+# pool on [CLS] ("cls" is what a BERT checkpoint means), and a "mean" or "max" classifier is refused.
 _SCRATCHBERT_ONLY_KEYS = ("auto_map", "model_type", "architectures", "transformers_version", "classifier_pooling")
 
 
@@ -58,11 +58,12 @@ def _check_bert_can_express(config: ScratchBertConfig, src: Path) -> None:
     """Refuse a classifier that BERT's classes would load without error and then compute differently."""
     architectures = config.architectures or []
     head = next((name for name in architectures if name.endswith(("ForSequenceClassification", "ForMultipleChoice"))), None)
-    if config.classifier_pooling == "mean" and head is not None:
+    if config.classifier_pooling != "cls" and head is not None:
         bert_class = "BertFor" + head.split("For", 1)[1]
         raise ScratchBertError(
-            f"{src} is a {head} with classifier_pooling='mean' (it classifies the mean of the last layer over the real "
-            f"tokens), which transformers' {bert_class} cannot express: it classifies the pooled [CLS] vector, so the "
+            f"{src} is a {head} with classifier_pooling={config.classifier_pooling!r} (it classifies the "
+            f"{config.classifier_pooling} of the last layer over the real tokens), which transformers' {bert_class} cannot "
+            "express: it classifies the pooled [CLS] vector, so the "
             "export would load with an untrained pooler and give other answers. Export it with `scratchbert export-onnx "
             f"{src} OUT` (sequence classifiers), load it with scratchbert (its Auto classes), or fine-tune with "
             "`--pooling cls` for a checkpoint that exports as BERT."

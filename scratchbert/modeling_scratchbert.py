@@ -360,6 +360,22 @@ def mean_pooling(hidden_states: torch.Tensor, attention_mask: torch.Tensor | Non
     return (hidden_states * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)  # (B, H); a fully padded row gives 0
 
 
+def max_pooling(hidden_states: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    """Each feature's largest value over the real tokens of its sequence: (B, S, H), mask (B, S) -> (B, H).
+
+    `config.classifier_pooling = "max"`: like the mean it needs no trained weights, but each
+    feature reports the one token that raises it most (a strong word anywhere in a long text),
+    and only that token's gradient reaches the encoder. Padded positions are filled with the
+    dtype's lowest value before the max, so they are never picked.
+    """
+    if attention_mask is None:
+        return hidden_states.max(dim=1).values  # every token real
+    real = attention_mask.bool()  # (B, S)
+    lowest = torch.finfo(hidden_states.dtype).min
+    pooled = hidden_states.masked_fill(~real.unsqueeze(-1), lowest).max(dim=1).values  # (B, H)
+    return pooled.masked_fill(~real.any(dim=1, keepdim=True), 0.0)  # a fully padded row gives 0
+
+
 # ---------------------------------------------------------------------------------------------
 # 9. Pretraining heads: masked-language-model (MLM) and next-sentence prediction (NSP).
 # ---------------------------------------------------------------------------------------------
@@ -857,15 +873,16 @@ def classifier_dropout(config: ScratchBertConfig) -> nn.Dropout:
     return nn.Dropout(p)
 
 
-def text_vector(encoded: BaseModelOutputWithPooling, attention_mask: torch.Tensor | None) -> torch.Tensor:
+def text_vector(encoded: BaseModelOutputWithPooling, attention_mask: torch.Tensor | None, pooling: str) -> torch.Tensor:
     """The one vector per text a classifier reads (`config.classifier_pooling`). -> (B, H)
 
-    With a pooler (`"cls"`): BERT's pooled [CLS] vector. Without (`"mean"`: the encoder was
-    built with no pooler): `mean_pooling` of the last layer over the real tokens.
+    `"cls"`: BERT's pooled [CLS] vector. `"mean"` and `"max"` (the encoder was built with no
+    pooler): `mean_pooling` or `max_pooling` of the last layer over the real tokens.
     """
-    if encoded.pooler_output is not None:
+    if pooling == "cls":
         return encoded.pooler_output
-    return mean_pooling(encoded.last_hidden_state, attention_mask)
+    pool = mean_pooling if pooling == "mean" else max_pooling
+    return pool(encoded.last_hidden_state, attention_mask)
 
 
 class ScratchBertForSequenceClassification(ScratchBertPreTrainedModel):
@@ -901,7 +918,7 @@ class ScratchBertForSequenceClassification(ScratchBertPreTrainedModel):
     ) -> SequenceClassifierOutput | tuple:
         """Inputs as in `ScratchBertModel.forward`; labels (B,) class ids or values, or (B, num_labels) multi-hot."""
         encoded = self.bert(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, return_dict=True, **kwargs)
-        logits = self.classifier(self.dropout(text_vector(encoded, attention_mask)))  # (B, num_labels)
+        logits = self.classifier(self.dropout(text_vector(encoded, attention_mask, self.config.classifier_pooling)))  # (B, num_labels)
         loss = sequence_classification_loss(logits, labels, self.config) if labels is not None else None
         return SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=encoded.hidden_states, attentions=encoded.attentions)
 
@@ -1040,7 +1057,7 @@ class ScratchBertForMultipleChoice(ScratchBertPreTrainedModel):
         num_choices = reference.size(1)
         folded = [_fold_choices(t) for t in (input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)]  # (B * C, S)
         encoded = self.bert(*folded, return_dict=True, **kwargs)
-        scores = self.classifier(self.dropout(text_vector(encoded, folded[1])))  # (B * C, 1)
+        scores = self.classifier(self.dropout(text_vector(encoded, folded[1], self.config.classifier_pooling)))  # (B * C, 1)
         logits = scores.view(-1, num_choices)  # (B, C)
         loss = cross_entropy(logits, labels) if labels is not None else None
         return MultipleChoiceModelOutput(loss=loss, logits=logits, hidden_states=encoded.hidden_states, attentions=encoded.attentions)

@@ -313,7 +313,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--finetune-length", type=int, default=FINETUNE_LENGTH, help="tokens per document (head+tail unless --finetune-option truncation=head); another length than 256 gets its own runs and table")
     parser.add_argument("--epochs", type=float, help="fine-tuning epochs (default: the command's); its runs and table get their own names")
     parser.add_argument("--finetune-lr", type=float, help="fine-tuning peak learning rate (default: the command's, by width); its runs and table get their own names")
-    parser.add_argument("--pooling", choices=["cls", "mean"], help="fine-tuning head's pooling (default: the command's, by width); its runs and table get their own names")
+    parser.add_argument("--pooling", choices=["cls", "mean", "max"], help="fine-tuning head's pooling (default: the command's, by width); its runs and table get their own names")
     parser.add_argument(
         "--finetune-option", dest="finetune_options", action="append", default=[], metavar="NAME=VALUE",
         help="a FinetuneConfig option for every fine-tuning run, e.g. truncation=head or min_steps=600 (repeatable; VALUE "

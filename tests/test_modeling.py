@@ -23,7 +23,7 @@ from scratchbert import (
 )
 from scratchbert.errors import CorruptCheckpointError, ScratchBertError
 from scratchbert.export import export_to_transformers_bert
-from scratchbert.modeling_scratchbert import additive_attention_mask, eager_attention, mean_pooling, sdpa_attention
+from scratchbert.modeling_scratchbert import additive_attention_mask, eager_attention, max_pooling, mean_pooling, sdpa_attention
 from scratchbert import cpu_kernels
 from scratchbert.cpu_kernels import CpuSelfAttention
 
@@ -166,15 +166,17 @@ def test_sequence_classification_problem_types(num_labels, labels, problem_type,
     torch.testing.assert_close(out.loss, expected)
 
 
-def test_mean_pooling_classifier_reads_the_mean_of_the_real_tokens(batch):
+@pytest.mark.parametrize("pooling", ["mean", "max"])
+def test_mean_and_max_pooling_classifiers_read_only_the_real_tokens(batch, pooling):
     torch.manual_seed(0)
-    model = ScratchBertForSequenceClassification(tiny_config(classifier_pooling="mean", num_labels=3)).eval()
+    model = ScratchBertForSequenceClassification(tiny_config(classifier_pooling=pooling, num_labels=3)).eval()
     assert model.bert.pooler is None and not any("pooler" in key for key in model.state_dict())
     with torch.no_grad():
         logits = model(**batch).logits  # (3, 3)
         states = model.bert(**batch).last_hidden_state  # (3, S, H)
         lengths = batch["attention_mask"].sum(1).tolist()  # 9, 6, 3
-        by_hand = torch.stack([states[i, :n].mean(0) for i, n in enumerate(lengths)])  # (3, H)
+        reduce = {"mean": lambda real: real.mean(0), "max": lambda real: real.max(0).values}[pooling]
+        by_hand = torch.stack([reduce(states[i, :n]) for i, n in enumerate(lengths)])  # (3, H)
         torch.testing.assert_close(logits, model.classifier(by_hand), atol=1e-6, rtol=0)
         # the padded positions play no part: the 3-token row alone gives the same logits
         alone = model(**{k: v[2:3, :3] for k, v in batch.items()}).logits
@@ -183,7 +185,15 @@ def test_mean_pooling_classifier_reads_the_mean_of_the_real_tokens(batch):
         model.bert.padding_free = False
         torch.testing.assert_close(model(**batch).logits, logits, atol=1e-5, rtol=0)
     empty = torch.zeros(1, 4, 2)
-    assert torch.equal(mean_pooling(empty, torch.zeros(1, 4, dtype=torch.long)), torch.zeros(1, 2))  # a fully padded row: 0, not NaN
+    pool = {"mean": mean_pooling, "max": max_pooling}[pooling]
+    assert torch.equal(pool(empty, torch.zeros(1, 4, dtype=torch.long)), torch.zeros(1, 2))  # a fully padded row: 0, not NaN
+
+
+def test_max_pooling_never_picks_a_padded_position():
+    states = -torch.ones(2, 3, 2)  # every real value is -1 ...
+    states[:, 2] = 5.0  # ... and the last position, padded in row 0, holds the largest
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    assert torch.equal(max_pooling(states, mask), torch.tensor([[-1.0, -1.0], [5.0, 5.0]]))
 
 
 def test_multiple_choice_reads_the_mean_of_each_pairs_real_tokens_when_told(batch, tmp_path):
@@ -216,11 +226,12 @@ def test_classifier_pooling_round_trips_through_save_and_the_auto_class(tmp_path
     assert ScratchBertConfig().classifier_pooling == "cls"  # BERT's, by default
 
 
-def test_export_bert_refuses_a_mean_pooling_classifier_and_drops_the_key_otherwise(tmp_path):
-    ScratchBertForSequenceClassification(tiny_config(classifier_pooling="mean")).save_pretrained(tmp_path / "mean")
-    with pytest.raises(ScratchBertError, match=r"classifier_pooling='mean'.*BertForSequenceClassification cannot express.*export-onnx") as info:
-        export_to_transformers_bert(tmp_path / "mean", tmp_path / "bert-mean")
-    assert "\n" not in str(info.value) and not (tmp_path / "bert-mean").exists()
+def test_export_bert_refuses_a_mean_or_max_pooling_classifier_and_drops_the_key_otherwise(tmp_path):
+    for pooling in ("mean", "max"):
+        ScratchBertForSequenceClassification(tiny_config(classifier_pooling=pooling)).save_pretrained(tmp_path / pooling)
+        with pytest.raises(ScratchBertError, match=rf"classifier_pooling='{pooling}'.*BertForSequenceClassification cannot express.*export-onnx") as info:
+            export_to_transformers_bert(tmp_path / pooling, tmp_path / f"bert-{pooling}")
+        assert "\n" not in str(info.value) and not (tmp_path / f"bert-{pooling}").exists()
     ScratchBertForSequenceClassification(tiny_config()).save_pretrained(tmp_path / "cls")
     export_to_transformers_bert(tmp_path / "cls", tmp_path / "bert-cls")
     assert "classifier_pooling" not in json.loads((tmp_path / "bert-cls" / "config.json").read_text())
@@ -366,7 +377,7 @@ def test_bad_inputs_raise_clear_errors(change, message, batch):
         (dict(hidden_act="swishy"), r"hidden_act='swishy' is not a known activation"),
         (dict(hidden_dropout_prob=1.5), r"hidden_dropout_prob=1.5"),
         (dict(pad_token_id=500), r"pad_token_id=500 is outside the vocabulary"),
-        (dict(classifier_pooling="max"), r"classifier_pooling='max': use \"cls\" .* or \"mean\""),
+        (dict(classifier_pooling="sum"), r"classifier_pooling='sum': use \"cls\" .*, \"mean\" .* or \"max\""),
     ],
 )
 def test_config_validates_itself(fields, message):

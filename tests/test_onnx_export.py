@@ -117,15 +117,16 @@ def test_sequence_classification_graph_gives_pytorchs_logits(tmp_path, dynamo):
     torch.testing.assert_close(got, expected, atol=TOLERANCE, rtol=0)
 
 
+@pytest.mark.parametrize("pooling", ["mean", "max"])
 @pytest.mark.parametrize("dynamo", HEAD_EXPORTERS)
-def test_a_mean_pooling_classifier_exports_and_averages_only_real_tokens(tmp_path, dynamo):
-    """The graph records the padded computation, whose padded positions hold vectors: the mean must weigh them out."""
-    ckpt = tiny_checkpoint(ScratchBertForSequenceClassification, tmp_path / "mean", num_labels=3, classifier_pooling="mean")
+def test_a_mean_or_max_pooling_classifier_exports_and_pools_only_real_tokens(tmp_path, dynamo, pooling):
+    """The graph records the padded computation, whose padded positions hold vectors: the pooling must leave them out."""
+    ckpt = tiny_checkpoint(ScratchBertForSequenceClassification, tmp_path / pooling, num_labels=3, classifier_pooling=pooling)
     result = export_onnx(ckpt, tmp_path / "onnx", task="sequence-classification", dynamo=dynamo)
     assert result.max_abs_diff <= TOLERANCE
     batch = onnx_export.example_batch(99, lengths=(3, 10, 10, 6, 1, 9), seed=8)
     model = ScratchBertForSequenceClassification.from_pretrained(ckpt).eval()
-    assert model.config.classifier_pooling == "mean"
+    assert model.config.classifier_pooling == pooling
     got = run_onnx(result.path, batch)
     with torch.no_grad():
         torch.testing.assert_close(got, model(**batch).logits, atol=TOLERANCE, rtol=0)  # (B, 3)

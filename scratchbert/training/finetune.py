@@ -83,6 +83,7 @@ DEFAULT_MIN_STEPS = 300
 # (the [CLS] head collapsed where the mean did not); wider encoders keep BERT's [CLS]. A
 # checkpoint's trained head keeps the pooling it was trained with.
 POOLING_BY_WIDTH = ((128, "mean"), (math.inf, "cls"))
+POOLING_WORDS = {"cls": "BERT's pooled [CLS] vector", "mean": "the mean of the real tokens", "max": "each feature's largest value over the real tokens"}
 # Evaluations without a better `best_metric` before training stops; None: every epoch runs
 # (patience 2 saved a third to a half of the steps at accuracy within the noise: time only, DOCS).
 DEFAULT_EARLY_STOPPING_PATIENCE = None
@@ -425,7 +426,7 @@ def load_sequence_classifier(
     Args:
         model_class: the class to load into; `ScratchBertForSequenceClassification` by
             default (transformers' `BertForSequenceClassification` works the same way).
-        pooling: "cls" or "mean" (`classifier_pooling_of`: None keeps a trained head's, else
+        pooling: "cls", "mean" or "max" (`classifier_pooling_of`: None keeps a trained head's, else
             the default for the encoder's width); transformers' BERT classes pool [CLS] only.
     """
     if model_class is None:
@@ -447,7 +448,7 @@ def load_sequence_classifier(
         pooling, chosen_by = "cls", f"{model_class.__name__}'s only pooling"
     else:
         raise ScratchBertError(f"pooling={pooling!r} needs scratchbert's classifier: {model_class.__name__} pools the [CLS] vector only.")
-    logger.info("the classifier reads %s (%s)", "BERT's pooled [CLS] vector" if pooling == "cls" else "the mean of the real tokens", chosen_by)
+    logger.info("the classifier reads %s (%s)", POOLING_WORDS[pooling], chosen_by)
     id2label = dict(enumerate(label_names))
     model = model_class.from_pretrained(
         str(folder),
@@ -730,7 +731,7 @@ class FinetuneConfig(ConfigFile):
     )  # fmt: skip
     pooling: str | None = field(
         default=None,
-        metadata={"choices": CLASSIFIER_POOLINGS, "help": f"what the classifier reads: BERT's pooler on [CLS], or the mean of the last layer over the real tokens (default: a trained head's own, else mean up to hidden size {POOLING_BY_WIDTH[0][0]} and cls above; {DOCS}). A mean classifier exports to ONNX, not with export-bert"},
+        metadata={"choices": CLASSIFIER_POOLINGS, "help": f"what the classifier reads: BERT's pooler on [CLS], or the mean or each feature's max of the last layer over the real tokens (default: a trained head's own, else mean up to hidden size {POOLING_BY_WIDTH[0][0]} and cls above; {DOCS}). A mean or max classifier exports to ONNX, not with export-bert"},
     )  # fmt: skip
     reinit_head: bool = field(default=False, metadata={"help": "train a new head even if the checkpoint has one"})
     seed: int = field(default=42, metadata={"help": "seed of the new head, the data order and dropout"})
