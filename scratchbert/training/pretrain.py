@@ -68,7 +68,7 @@ from scratchbert.training.output_folder import CURVES_FILE, KERNEL_DECISIONS_FIL
 from scratchbert.training.prepared import load_prepared
 from scratchbert.training.plotting import plot_training_curves, read_log
 from scratchbert.training.run_log import RunLog, progress_bar, train_record
-from scratchbert.training.schedules import TimeBudgetSchedule, TrainingClock, make_scheduler, parameter_groups
+from scratchbert.training.schedules import TimeBudgetSchedule, TrainingClock, adamw, make_scheduler, parameter_groups
 
 # Shown after the demo run (no --train-files / --dataset): sentences in the style of the
 # Python documentation the embedded corpus comes from, not copied from it. That text quotes
@@ -236,8 +236,9 @@ def setup(config: PretrainConfig, model_class=None, config_class=None) -> tuple[
     # Everything is known to be good: only now is the folder cleared (--overwrite) and written.
     prepare_output_dir(config, accelerator, tokenizer, fresh_start=resume_state is None)
 
-    optimizer = torch.optim.AdamW(
+    optimizer = adamw(
         parameter_groups(model, config.weight_decay),
+        accelerator.device,
         lr=config.learning_rate,
         betas=(config.adam_beta1, config.adam_beta2),
         eps=config.adam_epsilon,

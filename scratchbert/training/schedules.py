@@ -23,6 +23,23 @@ def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": keep, "weight_decay": 0.0}]
 
 
+# Devices with torch's fused AdamW kernel (torch.utils._foreach_utils lists them; that module is private).
+FUSED_ADAMW_DEVICES = ("cpu", "cuda", "mps", "xpu")
+
+
+def adamw(groups: list[dict], device: torch.device, lr: float, betas: tuple[float, float], eps: float) -> torch.optim.AdamW:
+    """AdamW on `groups` (`parameter_groups`), on its fused kernel where `device` has one.
+
+    torch's default on a CPU is a loop over the parameters, ~10 small calls each per step; the
+    fused kernel updates them all in one call (as `Trainer`'s default `adamw_torch_fused` does).
+    On `tiny` (42 tensors, 1.0M parameters) a step took 4.2 ms in the loop and 0.8 ms fused on an
+    Intel Xeon with AMX, 2 threads, and the same under an AVX2 stand-in (4.35 / 0.85 ms): ~5% of
+    the demo's fp32 training step. Its result differs from the loop's by float rounding only
+    (at most 1e-7 on those weights; tests/test_pretrain.py holds it to 1e-6).
+    """
+    return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, fused=device.type in FUSED_ADAMW_DEVICES)
+
+
 def warmup_then_linear_decay(max_steps: int, warmup_steps: int):
     """Learning-rate multiplier: 0 -> 1 over `warmup_steps`, then 1 -> 0 at `max_steps`."""
 
