@@ -80,6 +80,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from .bert_padding import autocast_dtype, is_tracing
 
@@ -184,16 +185,43 @@ MARGIN = 0.05  # another kernel must be this much faster than "mkl" to be chosen
 CONFIRM_CALLS = 3  # real calls timed on each of the proposal and "mkl" before a decision is final
 
 
+OPTIMIZER_STEPS = [0]  # optimizer steps taken in this process, by any torch optimizer (`_count_optimizer_step`)
+
+
+def _count_optimizer_step(optimizer, args, kwargs) -> None:
+    OPTIMIZER_STEPS[0] += 1
+
+
+# A global hook: it runs after every `step()` of every torch.optim optimizer in the process.
+register_optimizer_step_post_hook(_count_optimizer_step)
+
+SAMPLED_VALUES = 16  # values of a weight compared on each call with those its packed copy was made from
+
+
 class _PackedWeights:
     """Each weight's copy in oneDNN's blocked layout, per dtype, rebuilt when the weight changes.
 
     Keyed by the weight tensor's id with a weak reference (a tensor's `==` is elementwise, so
-    tensors cannot key a dict); the entry dies with the weight. An in-place update (optimizer step,
-    `load_state_dict`) bumps the weight's `_version`, a new storage changes its `data_ptr`.
+    tensors cannot key a dict); the entry dies with the weight. Four things tell that the weight
+    may have changed since its copy was made, and any of them rebuilds it:
+    - its `_version`: every in-place op through torch's dispatcher bumps it (a plain optimizer
+      step, `load_state_dict`, `mul_` under `no_grad`);
+    - its `data_ptr`: a new storage;
+    - an optimizer step anywhere in the process (`OPTIMIZER_STEPS`): torch's fused AdamW, the
+      default optimizer of `Trainer` (`adamw_torch_fused`) and of `scratchbert pretrain`, writes
+      the weights without bumping `_version`, so an evaluation between training steps would
+      otherwise multiply by the weights of the first evaluation;
+    - `SAMPLED_VALUES` of its values, spread over it: an edit through `.data`, which has a version
+      counter of its own, that changes the whole weight (an average of weights, a re-initialisation).
     """
 
     def __init__(self):
         self.entries: dict[tuple[int, torch.dtype, bool], tuple] = {}
+
+    @staticmethod
+    def sample(weight: torch.Tensor) -> torch.Tensor:
+        flat = weight.detach().reshape(-1)
+        return flat[:: max(1, flat.numel() // SAMPLED_VALUES)][:SAMPLED_VALUES].clone()
 
     def get(self, weight: torch.Tensor, dtype: torch.dtype, bf16_values: bool) -> torch.Tensor:
         values = weight.detach().to(torch.bfloat16) if bf16_values else weight.detach()
@@ -201,14 +229,14 @@ class _PackedWeights:
         if weight.is_inference():  # made under inference_mode: no version counter to watch, so no copy kept
             return pack()
         key = (id(weight), dtype, bf16_values)
-        stamp = (weight._version, weight.data_ptr())
+        stamp = (weight._version, weight.data_ptr(), OPTIMIZER_STEPS[0])
         entry = self.entries.get(key)
-        if entry is not None and entry[0]() is weight and entry[1] == stamp:
-            return entry[2]
+        if entry is not None and entry[0]() is weight and entry[1] == stamp and torch.equal(entry[2], self.sample(weight)):
+            return entry[3]
         packed = pack()
         entries = self.entries
         ref = weakref.ref(weight, lambda _, key=key: entries.pop(key, None))
-        self.entries[key] = (ref, stamp, packed)
+        self.entries[key] = (ref, stamp, self.sample(weight), packed)
         return packed
 
 

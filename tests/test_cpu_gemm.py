@@ -371,6 +371,38 @@ def test_every_kernel_equals_f_linear_backward(monkeypatch, kernel, dtype, autoc
 
 
 @needs_onednn
+@pytest.mark.parametrize("update", ["fused AdamW", "foreach AdamW", "loop AdamW", "SGD", ".data edit"])
+def test_the_packed_weight_follows_every_kind_of_update(monkeypatch, update):
+    """An evaluation between training steps multiplies by the current weights, however they were written.
+
+    torch's fused AdamW (Trainer's default) writes without bumping `_version`, and `.data` has a
+    version counter of its own: with the version alone as the stamp, the second evaluation used
+    the first one's weights."""
+    favour(monkeypatch, "onednn-packed")
+    layer = nn.Linear(64, 32)
+    x = torch.randn(100, 64)
+    optimizers = {
+        "fused AdamW": lambda: torch.optim.AdamW(layer.parameters(), lr=0.1, fused=True),
+        "foreach AdamW": lambda: torch.optim.AdamW(layer.parameters(), lr=0.1, foreach=True),
+        "loop AdamW": lambda: torch.optim.AdamW(layer.parameters(), lr=0.1, foreach=False),
+        "SGD": lambda: torch.optim.SGD(layer.parameters(), lr=0.1),
+    }
+    optimizer = optimizers[update]() if update in optimizers else None
+    for _ in range(3):
+        with torch.no_grad():  # an evaluation: the packed copy is made, or reused
+            out = cpu_gemm.linear(x, layer)
+            torch.testing.assert_close(out, F.linear(x, layer.weight, layer.bias), rtol=FP32_REL, atol=1e-5)
+        assert len(cpu_gemm.PACKED.entries) == 1
+        if optimizer is None:
+            layer.weight.data.mul_(0.5)
+        else:
+            layer(x).square().mean().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    with torch.no_grad():
+        torch.testing.assert_close(cpu_gemm.linear(x, layer), F.linear(x, layer.weight, layer.bias), rtol=FP32_REL, atol=1e-5)
+
+
 def test_the_packed_weight_follows_weight_updates(monkeypatch):
     favour(monkeypatch, "onednn-packed")
     layer = nn.Linear(64, 32)
