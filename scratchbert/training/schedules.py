@@ -32,10 +32,12 @@ def adamw(groups: list[dict], device: torch.device, lr: float, betas: tuple[floa
 
     torch's default on a CPU is a loop over the parameters, ~10 small calls each per step; the
     fused kernel updates them all in one call (as `Trainer`'s default `adamw_torch_fused` does).
-    On `tiny` (42 tensors, 1.0M parameters) a step took 4.2 ms in the loop and 0.8 ms fused on an
-    Intel Xeon with AMX, 2 threads, and the same under an AVX2 stand-in (4.35 / 0.85 ms): ~5% of
-    the demo's fp32 training step. Its result differs from the loop's by float rounding only
-    (at most 1e-7 on those weights; tests/test_pretrain.py holds it to 1e-6).
+    On `tiny` (42 tensors, 1.0M parameters) the optimizer step took 4.2 ms in the loop and 0.8 ms
+    fused on an Intel Xeon with AMX, 2 threads (4.35 / 0.85 ms under an AVX2 stand-in): the demo's
+    whole fp32 training step 5.2% faster (3.3% under the stand-in; docs/pretraining.md). Its
+    result differs from the loop's by float rounding only (at most 1e-7 on those weights;
+    tests/test_pretrain.py holds it to 1e-6). It writes the weights without bumping their
+    `_version`: `cpu_gemm`'s packed copies watch optimizer steps for that reason.
     """
     return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, fused=device.type in FUSED_ADAMW_DEVICES)
 
