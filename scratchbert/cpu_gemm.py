@@ -185,11 +185,12 @@ MARGIN = 0.05  # another kernel must be this much faster than "mkl" to be chosen
 CONFIRM_CALLS = 3  # real calls timed on each of the proposal and "mkl" before a decision is final
 
 
-OPTIMIZER_STEPS = [0]  # optimizer steps taken in this process, by any torch optimizer (`_count_optimizer_step`)
+OPTIMIZER_STEPS = 0  # optimizer steps taken in this process, by any torch optimizer (`_count_optimizer_step`)
 
 
 def _count_optimizer_step(optimizer, args, kwargs) -> None:
-    OPTIMIZER_STEPS[0] += 1
+    global OPTIMIZER_STEPS
+    OPTIMIZER_STEPS += 1
 
 
 # A global hook: it runs after every `step()` of every torch.optim optimizer in the process.
@@ -224,19 +225,21 @@ class _PackedWeights:
         return flat[:: max(1, flat.numel() // SAMPLED_VALUES)][:SAMPLED_VALUES].clone()
 
     def get(self, weight: torch.Tensor, dtype: torch.dtype, bf16_values: bool) -> torch.Tensor:
-        values = weight.detach().to(torch.bfloat16) if bf16_values else weight.detach()
-        pack = lambda: torch.ops.mkldnn._reorder_linear_weight(values.to(dtype).contiguous(), None)  # noqa: E731
+        def pack() -> torch.Tensor:  # only on a miss: a cache hit reads 16 values, not the weight
+            values = weight.detach().to(torch.bfloat16) if bf16_values else weight.detach()
+            return torch.ops.mkldnn._reorder_linear_weight(values.to(dtype).contiguous(), None)
+
         if weight.is_inference():  # made under inference_mode: no version counter to watch, so no copy kept
             return pack()
         key = (id(weight), dtype, bf16_values)
-        stamp = (weight._version, weight.data_ptr(), OPTIMIZER_STEPS[0])
+        stamp, sample = (weight._version, weight.data_ptr(), OPTIMIZER_STEPS), self.sample(weight)
         entry = self.entries.get(key)
-        if entry is not None and entry[0]() is weight and entry[1] == stamp and torch.equal(entry[2], self.sample(weight)):
+        if entry is not None and entry[0]() is weight and entry[1] == stamp and torch.equal(entry[2], sample):
             return entry[3]
         packed = pack()
         entries = self.entries
         ref = weakref.ref(weight, lambda _, key=key: entries.pop(key, None))
-        self.entries[key] = (ref, stamp, self.sample(weight), packed)
+        self.entries[key] = (ref, stamp, sample, packed)
         return packed
 
 
