@@ -47,6 +47,8 @@ from scratchbert.training.finetune import (
     DEFAULT_EPOCHS,
     DEFAULT_MIN_STEPS,
     FinetuneConfig,
+    TextLossTrainer,
+    TextWindowsCollator,
     checkpoint_head_size,
     checkpoint_label_order,
     classification_metrics,
@@ -63,10 +65,12 @@ from scratchbert.training.finetune import (
     label_names_of,
     load_sequence_classifier,
     make_trainer,
+    mean_of_windows,
     head_and_tail,
     span_metrics,
     token_classification_metrics,
     tokenize_splits,
+    texts_of_windows,
     windows_of,
 )
 
@@ -256,6 +260,38 @@ def test_a_texts_windows_are_scored_together():
     assert labels.tolist() == [1, 0]
     same, same_labels = document_predictions((logits, None), np.array([1, 0, 1, 0]), range(4))  # one window each: unchanged
     np.testing.assert_array_equal(same, logits) and np.testing.assert_array_equal(same_labels, [1, 0, 1, 0])
+
+
+def test_text_loss_trains_on_the_mean_of_a_texts_windows(tokenizer, tmp_path):
+    text = " ".join(FILLERS[:10])  # three windows of 6 tokens
+    splits = DatasetDict({"train": Dataset.from_dict({"text": ["good", text, "bad"], "labels": [1, 0, 0]})})
+    windows = tokenize_splits(splits, tokenizer, "text", None, max_length=6, truncation="head+tail", windows=3)["train"]
+    texts = texts_of_windows(windows)
+    assert len(texts) == 3 and texts["labels"] == [1, 0, 0] and [len(w) for w in texts["input_ids"]] == [1, 3, 1]
+    assert texts["input_ids"][1] == windows["input_ids"][1:4]
+
+    collate = TextWindowsCollator(tokenizer)
+    batch = collate([texts[i] for i in range(3)])
+    assert batch["input_ids"].shape == (5, 6) and batch["attention_mask"].sum(-1).tolist() == [3, 6, 5, 5, 3]
+    assert batch["window_text"].tolist() == [0, 1, 1, 1, 2] and batch["labels"].tolist() == [1, 0, 0]
+    plain = collate([windows[i] for i in range(2)])  # evaluation's rows: one window each, no window_text
+    assert plain["input_ids"].shape == (2, 6) and "window_text" not in plain
+
+    logits = torch.tensor([[2.0, 0.0], [0.0, 1.0], [0.0, 4.0], [3.0, 0.0], [1.0, 1.0]])
+    torch.testing.assert_close(mean_of_windows(logits, batch["window_text"], 3), torch.tensor([[2.0, 0.0], [1.0, 5 / 3], [1.0, 1.0]]))
+
+    torch.manual_seed(0)
+    model = ScratchBertForSequenceClassification(tiny_config(num_labels=2, classifier_pooling="mean", **NO_DROPOUT))
+    from transformers import TrainingArguments
+
+    trainer = make_trainer(model, tokenizer, TrainingArguments(output_dir=str(tmp_path), report_to="none"), texts, data_collator=collate, trainer_class=TextLossTrainer)
+    loss, outputs = trainer.compute_loss(model, dict(batch), return_outputs=True)
+    window_logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], token_type_ids=batch["token_type_ids"]).logits
+    means = torch.stack([window_logits[0], window_logits[1:4].mean(0), window_logits[4]])  # each text's mean (B, K)
+    torch.testing.assert_close(loss, torch.nn.functional.cross_entropy(means, batch["labels"]))
+    assert outputs.logits.shape == (5, 2)
+    with pytest.raises(ValueError, match="window_loss must be one of window, text, got 'document'"):
+        FinetuneConfig("ckpt", output_dir="out", window_loss="document")
 
 
 def test_label_names_from_strings_integers_and_class_labels():
@@ -682,31 +718,35 @@ def test_windows_read_what_one_window_cuts_off(tmp_path, capsys, cli_main, scrat
     train = write_csv(tmp_path / "train.csv", keyword_in_the_middle_rows(192, seed=1))
     validation = write_csv(tmp_path / "validation.csv", keyword_in_the_middle_rows(64, seed=2))
     accuracy = {}
-    for windows in (1, 3):
-        out = tmp_path / f"windows-{windows}"
+    for windows, loss in ((1, "window"), (3, "window"), (3, "text")):
+        out = tmp_path / f"windows-{windows}-{loss}"
         code, err = run_cli(
             cli_main, capsys, scratch_checkpoint, "--train-file", train, "--validation-file", validation, "--test-file", validation,
-            "--output-dir", out, "--epochs", "6", "--learning-rate", "3e-3", "--max-length", "8", "--windows", windows, "--no-show-progress",
+            "--output-dir", out, "--epochs", "6", "--learning-rate", "3e-3", "--max-length", "8", "--windows", windows,
+            "--window-loss", loss, "--no-show-progress",
         )  # fmt: skip
         assert code == 0, err
         results = json.loads((out / "metrics.json").read_text())
-        assert results["inputs"]["windows"] == windows and results["inputs"]["max_length"] == 8
+        assert results["inputs"]["windows"] == windows and results["inputs"]["max_length"] == 8 and results["window_loss"] == loss
+        steps_per_epoch = results["schedule"]["steps_per_epoch"]
+        assert steps_per_epoch == 12 if (windows, loss) != (3, "window") else steps_per_epoch > 12  # 192 texts, or their windows, in batches of 16
         assert (results["test"]["accuracy"] * 64) == pytest.approx(round(results["test"]["accuracy"] * 64))  # scored per text, not per window
-        accuracy[windows] = results["test"]["accuracy"]
+        accuracy[windows, loss] = results["test"]["accuracy"]
         # Outside the run, classify_texts reads a text as the run did: the same predictions, so the same accuracy.
         rows = keyword_in_the_middle_rows(64, seed=2)
         model = AutoModelForSequenceClassification.from_pretrained(out)
         logits = classify_texts(model, AutoTokenizer.from_pretrained(out), [row["text"] for row in rows], max_length=8, windows=windows)
         assert logits.shape == (64, 2)
         predicted = [model.config.id2label[int(i)] for i in logits.argmax(-1)]
-        assert np.mean([p == row["label"] for p, row in zip(predicted, rows)]) == pytest.approx(accuracy[windows])
+        assert np.mean([p == row["label"] for p, row in zip(predicted, rows)]) == pytest.approx(accuracy[windows, loss])
     with pytest.raises(ValueError, match="the model's 64 positions, got 100"):
         classify_texts(model, AutoTokenizer.from_pretrained(out), ["w1 good"], max_length=100)
     with pytest.raises(ValueError, match="windows=0: it must be a whole number"):
         classify_texts(model, AutoTokenizer.from_pretrained(out), ["w1 good"], max_length=8, windows=0)
     with pytest.raises(ValueError, match="got no texts"):
         classify_texts(model, AutoTokenizer.from_pretrained(out), [], max_length=8)
-    assert accuracy[1] < 0.75 and accuracy[3] > 0.9, accuracy  # the keyword is out of one window's reach, in three's
+    # The keyword is out of one window's reach, in three's, trained on each window or on the text (in a third of the steps).
+    assert accuracy[1, "window"] < 0.75 and accuracy[3, "window"] > 0.9 and accuracy[3, "text"] > 0.8, accuracy
 
 
 # --------------------------------------------------------------------------- token classification and QA

@@ -42,7 +42,7 @@ from typing import Any, Sequence
 
 import numpy as np
 import torch
-from transformers import EarlyStoppingCallback, EvalPrediction, TrainerCallback
+from transformers import DataCollatorWithPadding, EarlyStoppingCallback, EvalPrediction, Trainer, TrainerCallback
 
 from scratchbert.configuration_scratchbert import CLASSIFIER_POOLINGS
 from scratchbert.errors import ScratchBertError
@@ -56,6 +56,7 @@ logger = logging.getLogger(__name__)
 
 METRICS = ("accuracy", "macro_f1")  # what each evaluation reports; either can pick the best epoch
 TIES = ("latest", "earliest")  # which of several epochs with the same best score is kept (`LatestOfEqualEpochs`)
+WINDOW_LOSSES = ("window", "text")  # what a training label is scored against: each window's logits, or the mean of its text's windows' logits
 LABEL_KINDS = {  # Arrow dtype of a label column -> how its values become label names
     **dict.fromkeys(("string", "large_string"), "string"),
     **dict.fromkeys(("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"), "integer"),
@@ -523,6 +524,64 @@ def document_metrics(documents: Sequence[int]):
     return compute
 
 
+def texts_of_windows(split):
+    """A split of windows (`tokenize_splits`' rows, each with its `document`) -> one row per text, in the
+    order of their index: `input_ids`, the list of its windows' token ids, and its label. What
+    `window_loss="text"` trains on (`TextWindowsCollator`, `TextLossTrainer`)."""
+    from datasets import Dataset
+
+    windows, labels = {}, {}
+    for ids, label, document in zip(split["input_ids"], split["labels"], split["document"]):
+        windows.setdefault(document, []).append(ids)
+        labels[document] = label
+    return Dataset.from_dict({"input_ids": list(windows.values()), "labels": list(labels.values())})
+
+
+class TextWindowsCollator:
+    """Pads a batch of texts (`texts_of_windows`) as one batch of their windows, with `window_text`, the
+    batch position of each window's text (N,), and one label per text (B,). Rows of single windows
+    (evaluation reads windows: `document_metrics` scores them per text) are padded as they are."""
+
+    def __init__(self, tokenizer):
+        self.pad = DataCollatorWithPadding(tokenizer)
+
+    def __call__(self, features: list[dict]) -> dict[str, torch.Tensor]:
+        if not isinstance(features[0]["input_ids"][0], list):
+            return self.pad(features)
+        windows = [{"input_ids": ids, "token_type_ids": [0] * len(ids), "attention_mask": [1] * len(ids)} for f in features for ids in f["input_ids"]]
+        batch = self.pad(windows)
+        batch["window_text"] = torch.tensor([text for text, f in enumerate(features) for _ in f["input_ids"]])
+        batch["labels"] = torch.tensor([f["labels"] for f in features])
+        return batch
+
+
+def mean_of_windows(logits: torch.Tensor, window_text: torch.Tensor, texts: int) -> torch.Tensor:
+    """Windows' logits (N, K) and the text of each window (N,) -> each text's mean logits (B, K)."""
+    sums = logits.new_zeros(texts, logits.shape[-1]).index_add(0, window_text, logits)
+    counts = torch.bincount(window_text, minlength=texts).clamp(min=1).to(logits.dtype)
+    return sums / counts[:, None]
+
+
+class TextLossTrainer(Trainer):
+    """Trains on texts, not windows: the cross-entropy of the mean of each text's windows' logits
+    against its label, the prediction `document_metrics` and `classify_texts` score. A window that
+    does not say what its text says (a review's plot summary) no longer trains on the text's label
+    alone; the windows of a text are one example. Batches without `window_text` (evaluation) are
+    Trainer's own."""
+
+    loss_is_scaled_for_ga = False  # a mean over the micro-batch's texts: Trainer divides by the accumulation steps
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        if "window_text" not in inputs:
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        inputs = dict(inputs)
+        window_text, labels = inputs.pop("window_text"), inputs.pop("labels")
+        outputs = model(**inputs)
+        logits = mean_of_windows(outputs.logits.float(), window_text, labels.shape[0])  # (N, K) -> (B, K)
+        loss = torch.nn.functional.cross_entropy(logits, labels)
+        return (loss, outputs) if return_outputs else loss
+
+
 @torch.no_grad()
 def classify_texts(
     model, tokenizer, texts: Sequence[str], max_length: int = DEFAULT_MAX_LENGTH, truncation: str = "head+tail", windows: int = DEFAULT_WINDOWS, batch_size: int = 64
@@ -604,7 +663,9 @@ def span_metrics(eval_prediction) -> dict[str, float]:
 # ---------------------------------------------------------------------------
 
 
-def make_trainer(model, tokenizer, args, train_dataset=None, eval_dataset=None, data_collator=None, compute_metrics=None, callbacks=None):
+def make_trainer(
+    model, tokenizer, args, train_dataset=None, eval_dataset=None, data_collator=None, compute_metrics=None, callbacks=None, trainer_class=Trainer
+):
     """A `Trainer` whose loss and gradients do not depend on how a batch is split up.
 
     Under gradient accumulation, Trainer passes `num_items_in_batch` (the labelled items of
@@ -617,11 +678,9 @@ def make_trainer(model, tokenizer, args, train_dataset=None, eval_dataset=None, 
     `gradient_accumulation_steps` times too large. So a model that does not declare it is
     marked `accepts_loss_kwargs = False`, and Trainer divides by the number of micro-batches.
     """
-    from transformers import DataCollatorWithPadding, Trainer
-
     if not hasattr(model, "accepts_loss_kwargs"):
         model.accepts_loss_kwargs = False
-    return Trainer(
+    return trainer_class(
         model=model,
         args=args,
         train_dataset=train_dataset,
@@ -705,6 +764,10 @@ class FinetuneConfig(ConfigFile):
         default=None,
         metadata={"help": f"read a long single text as up to N windows of --max-length tokens, each a training example with the text's label; a text's prediction is the mean of its windows' logits (default: {DEFAULT_WINDOWS} for single texts, 1 for text pairs; {DOCS})"},
     )  # fmt: skip
+    window_loss: str = field(
+        default="window",
+        metadata={"choices": WINDOW_LOSSES, "help": f"with windows, train each window on its text's label, or train on the text: the mean of its windows' logits against its label, as it is scored (a batch of --batch-size texts; {DOCS})"},
+    )  # fmt: skip
     # --- training ---
     epochs: float | None = field(
         default=None, metadata={"help": f"passes over the training data (default: {DEFAULT_EPOCHS}, or more to reach --min-steps)"}
@@ -776,6 +839,8 @@ class FinetuneConfig(ConfigFile):
             raise ScratchBertError(f"windows={self.windows!r}: it must be a whole number, 1 or more (--windows).")
         if self.windows is not None and self.windows > 1 and self.text_pair_column is not None:
             raise ScratchBertError("windows cut single texts; with --text-pair-column leave --windows at 1.")
+        if self.window_loss not in WINDOW_LOSSES:
+            raise ScratchBertError(f"window_loss must be one of {', '.join(WINDOW_LOSSES)}, got {self.window_loss!r} (--window-loss).")
         if self.truncation is not None and self.truncation not in TRUNCATIONS:
             raise ScratchBertError(f"truncation must be one of {', '.join(TRUNCATIONS)}, got {self.truncation!r}.")
         if not 0.0 <= self.warmup_ratio < 1.0 or self.weight_decay < 0:
@@ -954,7 +1019,7 @@ def finetune(config: FinetuneConfig, model_class=None) -> dict[str, Any]:
 
     Returns:
         {"labels": [...], "schedule": {...}, "inputs": {...} (`fitted_inputs`), "validation": {...}, "test": {...} (when a test
-         split is given), "train": {...}, "pooling": "cls" or "mean", "early_stopping": {...}
+         split is given), "train": {...}, "pooling": "cls", "mean" or "max", "window_loss", "early_stopping": {...}
          (`early_stopping_record`), "collapsed": None or {split: {...}, "advice": ...}}
         with metrics named without Trainer's "eval_" prefix.
     """
@@ -980,6 +1045,8 @@ def finetune(config: FinetuneConfig, model_class=None) -> dict[str, Any]:
     logger.info("%d labels: %s; %s", len(label_names), ", ".join(label_names), ", ".join(f"{k} {len(v)} rows" for k, v in splits.items()))
     splits = encode_labels(splits, config.label_column, label_names)
     splits = tokenize_splits(splits, tokenizer, config.text_column, config.text_pair_column, inputs["max_length"], inputs["truncation"], inputs["windows"])
+    if config.window_loss == "text":
+        splits["train"] = texts_of_windows(splits["train"])  # one example per text: --batch-size and the steps count texts
 
     schedule = fitted_schedule(config, model_config.get("hidden_size", 768), len(splits["train"]))
     logger.info(
@@ -1027,9 +1094,11 @@ def _train_and_score(
     callbacks = [stopper] if stopper else []
     if config.ties == "latest":
         callbacks.append(LatestOfEqualEpochs(config.best_metric))  # after the stopper: it must see the tie as a tie
+    text_loss = config.window_loss == "text"
     trainer = make_trainer(
         model, tokenizer, args, splits["train"], splits["validation"], compute_metrics=document_metrics(splits["validation"]["document"]),
-        callbacks=callbacks,
+        callbacks=callbacks, data_collator=TextWindowsCollator(tokenizer) if text_loss else None,
+        trainer_class=TextLossTrainer if text_loss else Trainer,
     )  # fmt: skip
     train_output = trainer.train()
 
@@ -1046,6 +1115,7 @@ def _train_and_score(
         "validation": unprefixed(best_epoch, "eval_"),
         "best_checkpoint": trainer.state.best_model_checkpoint,
         "pooling": getattr(model.config, "classifier_pooling", "cls"),
+        "window_loss": config.window_loss,
         "early_stopping": early_stopping_record(trainer, stopper, schedule),
     }
     # The kept model's predictions of each text, to check them for a one-class answer (the test split's scores come with them).
