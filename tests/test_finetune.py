@@ -268,7 +268,9 @@ def test_text_loss_trains_on_the_mean_of_a_texts_windows(tokenizer, tmp_path):
     windows = tokenize_splits(splits, tokenizer, "text", None, max_length=6, truncation="head+tail", windows=3)["train"]
     texts = texts_of_windows(windows)
     assert len(texts) == 3 and texts["labels"] == [1, 0, 0] and [len(w) for w in texts["input_ids"]] == [1, 3, 1]
-    assert texts["input_ids"][1] == windows["input_ids"][1:4]
+    assert texts["input_ids"][1] == windows["input_ids"][1:4] and texts["attention_mask"][1] == windows["attention_mask"][1:4]
+    pairs = tokenize_splits(DatasetDict({"train": Dataset.from_dict({"text": ["good"], "pair": ["bad w1"], "labels": [1]})}), tokenizer, "text", "pair", 8)
+    assert texts_of_windows(pairs["train"])["token_type_ids"] == [[[0, 0, 0, 1, 1, 1]]]  # a pair keeps its segments
 
     collate = TextWindowsCollator(tokenizer)
     batch = collate([texts[i] for i in range(3)])

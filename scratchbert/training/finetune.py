@@ -526,15 +526,18 @@ def document_metrics(documents: Sequence[int]):
 
 def texts_of_windows(split):
     """A split of windows (`tokenize_splits`' rows, each with its `document`) -> one row per text, in the
-    order of their index: `input_ids`, the list of its windows' token ids, and its label. What
-    `window_loss="text"` trains on (`TextWindowsCollator`, `TextLossTrainer`)."""
+    order of their index: each column a list of its windows' values (`input_ids`: one list of token
+    ids per window), and its label. What `window_loss="text"` trains on (`TextWindowsCollator`,
+    `TextLossTrainer`)."""
     from datasets import Dataset
 
-    windows, labels = {}, {}
-    for ids, label, document in zip(split["input_ids"], split["labels"], split["document"]):
-        windows.setdefault(document, []).append(ids)
-        labels[document] = label
-    return Dataset.from_dict({"input_ids": list(windows.values()), "labels": list(labels.values())})
+    rows_of_text: dict[int, list[int]] = {}
+    for row, document in enumerate(split["document"]):
+        rows_of_text.setdefault(document, []).append(row)
+    columns = {name: split[name] for name in split.column_names if name not in ("labels", "document")}
+    texts = {name: [[values[row] for row in rows] for rows in rows_of_text.values()] for name, values in columns.items()}
+    labels = split["labels"]
+    return Dataset.from_dict({**texts, "labels": [labels[rows[0]] for rows in rows_of_text.values()]})
 
 
 class TextWindowsCollator:
@@ -548,10 +551,11 @@ class TextWindowsCollator:
     def __call__(self, features: list[dict]) -> dict[str, torch.Tensor]:
         if not isinstance(features[0]["input_ids"][0], list):
             return self.pad(features)
-        windows = [{"input_ids": ids, "token_type_ids": [0] * len(ids), "attention_mask": [1] * len(ids)} for f in features for ids in f["input_ids"]]
+        names = [name for name in features[0] if name != "labels"]
+        windows = [{name: text[name][i] for name in names} for text in features for i in range(len(text["input_ids"]))]
         batch = self.pad(windows)
-        batch["window_text"] = torch.tensor([text for text, f in enumerate(features) for _ in f["input_ids"]])
-        batch["labels"] = torch.tensor([f["labels"] for f in features])
+        batch["window_text"] = torch.tensor([position for position, text in enumerate(features) for _ in text["input_ids"]])
+        batch["labels"] = torch.tensor([text["labels"] for text in features])
         return batch
 
 
