@@ -47,8 +47,6 @@ from scratchbert.training.finetune import (
     DEFAULT_EPOCHS,
     DEFAULT_MIN_STEPS,
     FinetuneConfig,
-    TextLossTrainer,
-    TextWindowsCollator,
     checkpoint_head_size,
     checkpoint_label_order,
     classification_metrics,
@@ -70,9 +68,9 @@ from scratchbert.training.finetune import (
     span_metrics,
     token_classification_metrics,
     tokenize_splits,
-    texts_of_windows,
     windows_of,
 )
+from scratchbert.training.text_loss import TextLossTrainer, TextWindowsCollator, texts_of_windows
 
 REPO = Path(__file__).resolve().parents[1]
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]

@@ -42,7 +42,7 @@ from typing import Any, Sequence
 
 import numpy as np
 import torch
-from transformers import DataCollatorWithPadding, EarlyStoppingCallback, EvalPrediction, Trainer, TrainerCallback
+from transformers import EarlyStoppingCallback, EvalPrediction, TrainerCallback
 
 from scratchbert.configuration_scratchbert import CLASSIFIER_POOLINGS
 from scratchbert.errors import ScratchBertError
@@ -499,18 +499,22 @@ def sequence_classification_metrics(eval_prediction) -> dict[str, float]:
     return {**classification_metrics(predictions, eval_prediction.label_ids), "top_class_share": float(top_class_share)}
 
 
+def mean_of_windows(logits: torch.Tensor, window_text: torch.Tensor, texts: int) -> torch.Tensor:
+    """Windows' logits (N, K) and the text of each window (N,), numbered 0..B-1 -> each text's mean logits (B, K)."""
+    sums = logits.new_zeros(texts, logits.shape[-1]).index_add(0, window_text, logits)
+    counts = torch.bincount(window_text, minlength=texts).to(logits.dtype)
+    return sums / counts[:, None]
+
+
 def document_predictions(logits, labels: np.ndarray, documents: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
     """Windows' logits (N, K), labels (N,) and the text each window is from (N,) -> each text's mean
     logits (D, K) and its label (D,), texts in the order of their index. One window per text: unchanged."""
     logits = np.asarray(logits[0] if isinstance(logits, tuple) else logits, dtype=np.float64)
-    documents = np.asarray(documents)
-    _, documents = np.unique(documents, return_inverse=True)  # (N,) -> 0..D-1
-    count = documents.max() + 1
-    sums = np.zeros((count, logits.shape[-1]))
-    np.add.at(sums, documents, logits)
+    _, documents = np.unique(np.asarray(documents), return_inverse=True)  # (N,) -> 0..D-1
+    count = int(documents.max()) + 1
     document_labels = np.zeros(count, dtype=np.asarray(labels).dtype)
     document_labels[documents] = labels
-    return sums / np.bincount(documents)[:, None], document_labels
+    return mean_of_windows(torch.from_numpy(logits), torch.from_numpy(documents), count).numpy(), document_labels
 
 
 def document_metrics(documents: Sequence[int]):
@@ -522,68 +526,6 @@ def document_metrics(documents: Sequence[int]):
         return sequence_classification_metrics(EvalPrediction(logits, labels))
 
     return compute
-
-
-def texts_of_windows(split):
-    """A split of windows (`tokenize_splits`' rows, each with its `document`) -> one row per text, in the
-    order of their index: each column a list of its windows' values (`input_ids`: one list of token
-    ids per window), and its label. What `window_loss="text"` trains on (`TextWindowsCollator`,
-    `TextLossTrainer`)."""
-    from datasets import Dataset
-
-    rows_of_text: dict[int, list[int]] = {}
-    for row, document in enumerate(split["document"]):
-        rows_of_text.setdefault(document, []).append(row)
-    columns = {name: split[name] for name in split.column_names if name not in ("labels", "document")}
-    texts = {name: [[values[row] for row in rows] for rows in rows_of_text.values()] for name, values in columns.items()}
-    labels = split["labels"]
-    return Dataset.from_dict({**texts, "labels": [labels[rows[0]] for rows in rows_of_text.values()]})
-
-
-class TextWindowsCollator:
-    """Pads a batch of texts (`texts_of_windows`) as one batch of their windows, with `window_text`, the
-    batch position of each window's text (N,), and one label per text (B,). Rows of single windows
-    (evaluation reads windows: `document_metrics` scores them per text) are padded as they are."""
-
-    def __init__(self, tokenizer):
-        self.pad = DataCollatorWithPadding(tokenizer)
-
-    def __call__(self, features: list[dict]) -> dict[str, torch.Tensor]:
-        if not isinstance(features[0]["input_ids"][0], list):
-            return self.pad(features)
-        names = [name for name in features[0] if name != "labels"]
-        windows = [{name: text[name][i] for name in names} for text in features for i in range(len(text["input_ids"]))]
-        batch = self.pad(windows)
-        batch["window_text"] = torch.tensor([position for position, text in enumerate(features) for _ in text["input_ids"]])
-        batch["labels"] = torch.tensor([text["labels"] for text in features])
-        return batch
-
-
-def mean_of_windows(logits: torch.Tensor, window_text: torch.Tensor, texts: int) -> torch.Tensor:
-    """Windows' logits (N, K) and the text of each window (N,) -> each text's mean logits (B, K)."""
-    sums = logits.new_zeros(texts, logits.shape[-1]).index_add(0, window_text, logits)
-    counts = torch.bincount(window_text, minlength=texts).clamp(min=1).to(logits.dtype)
-    return sums / counts[:, None]
-
-
-class TextLossTrainer(Trainer):
-    """Trains on texts, not windows: the cross-entropy of the mean of each text's windows' logits
-    against its label, the prediction `document_metrics` and `classify_texts` score. A window that
-    does not say what its text says (a review's plot summary) no longer trains on the text's label
-    alone; the windows of a text are one example. Batches without `window_text` (evaluation) are
-    Trainer's own."""
-
-    loss_is_scaled_for_ga = False  # a mean over the micro-batch's texts: Trainer divides by the accumulation steps
-
-    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        if "window_text" not in inputs:
-            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-        inputs = dict(inputs)
-        window_text, labels = inputs.pop("window_text"), inputs.pop("labels")
-        outputs = model(**inputs)
-        logits = mean_of_windows(outputs.logits.float(), window_text, labels.shape[0])  # (N, K) -> (B, K)
-        loss = torch.nn.functional.cross_entropy(logits, labels)
-        return (loss, outputs) if return_outputs else loss
 
 
 @torch.no_grad()
@@ -668,7 +610,7 @@ def span_metrics(eval_prediction) -> dict[str, float]:
 
 
 def make_trainer(
-    model, tokenizer, args, train_dataset=None, eval_dataset=None, data_collator=None, compute_metrics=None, callbacks=None, trainer_class=Trainer
+    model, tokenizer, args, train_dataset=None, eval_dataset=None, data_collator=None, compute_metrics=None, callbacks=None, trainer_class=None
 ):
     """A `Trainer` whose loss and gradients do not depend on how a batch is split up.
 
@@ -681,10 +623,13 @@ def make_trainer(
     each micro-batch: Trainer would add up the micro-batch means, making loss and gradients
     `gradient_accumulation_steps` times too large. So a model that does not declare it is
     marked `accepts_loss_kwargs = False`, and Trainer divides by the number of micro-batches.
+    `trainer_class` is a subclass of `Trainer` to make instead (`text_loss.TextLossTrainer`).
     """
+    from transformers import DataCollatorWithPadding, Trainer  # on use: importing Trainer takes a while
+
     if not hasattr(model, "accepts_loss_kwargs"):
         model.accepts_loss_kwargs = False
-    return trainer_class(
+    return (trainer_class or Trainer)(
         model=model,
         args=args,
         train_dataset=train_dataset,
@@ -1050,6 +995,8 @@ def finetune(config: FinetuneConfig, model_class=None) -> dict[str, Any]:
     splits = encode_labels(splits, config.label_column, label_names)
     splits = tokenize_splits(splits, tokenizer, config.text_column, config.text_pair_column, inputs["max_length"], inputs["truncation"], inputs["windows"])
     if config.window_loss == "text":
+        from scratchbert.training.text_loss import texts_of_windows
+
         splits["train"] = texts_of_windows(splits["train"])  # one example per text: --batch-size and the steps count texts
 
     schedule = fitted_schedule(config, model_config.get("hidden_size", 768), len(splits["train"]))
@@ -1098,11 +1045,14 @@ def _train_and_score(
     callbacks = [stopper] if stopper else []
     if config.ties == "latest":
         callbacks.append(LatestOfEqualEpochs(config.best_metric))  # after the stopper: it must see the tie as a tie
-    text_loss = config.window_loss == "text"
+    text_loss = {}
+    if config.window_loss == "text":
+        from scratchbert.training.text_loss import TextLossTrainer, TextWindowsCollator
+
+        text_loss = {"data_collator": TextWindowsCollator(tokenizer), "trainer_class": TextLossTrainer}
     trainer = make_trainer(
         model, tokenizer, args, splits["train"], splits["validation"], compute_metrics=document_metrics(splits["validation"]["document"]),
-        callbacks=callbacks, data_collator=TextWindowsCollator(tokenizer) if text_loss else None,
-        trainer_class=TextLossTrainer if text_loss else Trainer,
+        callbacks=callbacks, **text_loss,
     )  # fmt: skip
     train_output = trainer.train()
 
