@@ -366,7 +366,8 @@ FINETUNE_OWN_FLAGS = {
 
 def finetune_tag(args) -> str:
     """The suffix of the fine-tuning runs' folders and of the table: "" for the benchmark's own settings."""
-    parts = [f"len{args.finetune_length}"] if args.finetune_length != FINETUNE_LENGTH else []
+    parts = [f"labels{args.train_examples}"] if args.train_examples != SET_DEFAULTS[args.set]["train_examples"] else []
+    parts += [f"len{args.finetune_length}"] if args.finetune_length != FINETUNE_LENGTH else []
     parts += [f"lr{args.finetune_lr:g}"] if args.finetune_lr is not None else []
     parts += [f"epochs{args.epochs:g}"] if args.epochs is not None else []
     parts += ([args.pooling] if args.pooling else []) + [f"{name}={value}" for name, value in sorted(args.finetune_options.items())]

@@ -158,6 +158,9 @@ def test_budget_bench_passes_finetune_options_and_names_their_runs(monkeypatch):
     assert "finetune_options" in bench.FINETUNE_ARGS  # a reused run made with other options is made again
     # another learning rate or number of epochs does not overwrite the default runs of the same length
     assert bench.finetune_tag(bench.parse_args(["--finetune-length", "512", "--finetune-lr", "5e-4", "--epochs", "5"])) == "-len512-lr0.0005-epochs5"
+    # a label budget other than the set's: its own runs, so a learning curve leaves the default table as it is
+    assert bench.finetune_tag(bench.parse_args(["--train-examples", "500"])) == "-labels500"
+    assert bench.finetune_tag(bench.parse_args(["--set", "bbc-news", "--train-examples", "450"])) == ""
 
 
 def test_budget_bench_reuses_only_a_pretraining_run_made_as_the_table_would_say(monkeypatch, tmp_path):
