@@ -44,6 +44,7 @@ import dataclasses
 import json
 import math
 import random
+import re
 import statistics
 import sys
 import time
@@ -284,6 +285,43 @@ def mean_std(values: list[float]) -> str:
     return f"{statistics.mean(values):.4f} ± {spread:.4f}"
 
 
+def label_curve(out: Path, args) -> tuple[dict[str, dict[int, list[float]]], dict[str, str]]:
+    """Test accuracy per row and label budget from the tables already in `out`: `results{tag}.json` (the
+    set's own budget) and every `results-labelsN{tag}.json` whose fine-tuning is otherwise `args`'."""
+    rest = finetune_tag(argparse.Namespace(**(vars(args) | {"train_examples": SET_DEFAULTS[args.set]["train_examples"]})))
+    curves: dict[str, dict[int, list[float]]] = {}
+    names: dict[str, str] = {}
+    for path in sorted(out.glob("results*.json")):
+        match = re.fullmatch(rf"results(?:-labels(\d+))?{re.escape(rest)}\.json", path.name)
+        if match is None:
+            continue
+        saved = json.loads(path.read_text())
+        count = saved["args"]["train_examples"]
+        for key, row in saved["rows"].items():
+            curves.setdefault(key, {})[count] = [run["accuracy"] for run in row["runs"]]
+            names[key] = row["name"]
+    if not curves:
+        raise SystemExit(f"--label-curve: no results{rest}.json or results-labelsN{rest}.json in {out}; run the table at each --train-examples first")
+    return curves, names
+
+
+def write_label_curve(out: Path, args) -> Path:
+    """`label_curve`'s figures as a Markdown table (mean ± 1σ per budget) and a plot, both in `out`."""
+    from scratchbert.training.plotting import plot_label_curve
+
+    curves, names = label_curve(out, args)
+    counts = sorted({count for runs in curves.values() for count in runs})
+    lines = ["| model | " + " | ".join(f"{count:,} labels" for count in counts) + " |", "|---|" + "---|" * len(counts)]
+    for key in sorted(curves):
+        cells = (mean_std(curves[key][count]) if count in curves[key] else "" for count in counts)
+        lines.append(f"| {names[key]} | " + " | ".join(cells) + " |")
+    table = "\n".join(lines)
+    print(table)
+    (out / "label_curve.md").write_text(table + "\n")
+    title = f"{args.set}: test accuracy by label budget ({args.minutes:g} min pretraining)"
+    return plot_label_curve({names[key]: curves[key] for key in sorted(curves)}, out / "label_curve.png", title)
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--set", default="imdb", choices=SETS, help="the labelled set (scripts/labelled_sets.py)")
@@ -326,6 +364,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--rows", nargs="+", default=["a", "b", "c", "d"], choices=ROWS, help="rows to make (e: ELECTRA, see above)")
     parser.add_argument("--skip", nargs="*", default=[], choices=ROWS, help="rows to leave out")
     parser.add_argument("--out", default="runs/bench-pretrain-budget")
+    parser.add_argument(
+        "--label-curve", action="store_true",
+        help="make nothing: tabulate and plot test accuracy against the label budget from the tables already in --out "
+        "(one run per --train-examples) to label_curve.md and label_curve.png",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     args.pretrain_options = dict(option_value(text, "--pretrain-option", PretrainConfig, parser) for text in args.pretrain_options)
     args.finetune_options = dict(option_value(text, "--finetune-option", FinetuneConfig, parser) for text in args.finetune_options)
@@ -392,6 +435,9 @@ def main() -> None:
     from scratchbert.tokenization import train_tokenizer
 
     out = Path(args.out)
+    if args.label_curve:
+        print(f"plot: {write_label_curve(out, args)}")
+        return
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     print(f"CPU: {cpu_name()}, {torch.get_num_threads()} threads, torch {torch.__version__}; {args.set}, budget {args.minutes:g} minutes")

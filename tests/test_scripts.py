@@ -163,6 +163,32 @@ def test_budget_bench_passes_finetune_options_and_names_their_runs(monkeypatch):
     assert bench.finetune_tag(bench.parse_args(["--set", "bbc-news", "--train-examples", "450"])) == ""
 
 
+def test_budget_bench_label_curve_reads_each_budgets_table_and_no_other(monkeypatch, tmp_path):
+    bench = budget_bench_module(monkeypatch)
+
+    def table(name, train_examples, accuracies):
+        rows = {key: {"name": f"({key}) row", "runs": [{"accuracy": value} for value in values]} for key, values in accuracies.items()}
+        (tmp_path / name).write_text(json.dumps({"args": {"train_examples": train_examples}, "rows": rows}))
+
+    table("results.json", 2000, {"a": [0.85, 0.86], "c": [0.86, 0.87]})
+    table("results-labels500.json", 500, {"a": [0.82, 0.84], "b": [0.77, 0.77], "c": [0.80, 0.82]})
+    table("results-labels500-len128.json", 500, {"a": [0.1, 0.1]})  # other fine-tuning settings: not this curve
+    table("results-mean.json", 2000, {"a": [0.2, 0.2]})
+    args = bench.parse_args(["--label-curve", "--out", str(tmp_path)])
+    curves, names = bench.label_curve(tmp_path, args)
+    assert curves == {"a": {500: [0.82, 0.84], 2000: [0.85, 0.86]}, "b": {500: [0.77, 0.77]}, "c": {500: [0.80, 0.82], 2000: [0.86, 0.87]}}
+    assert names == {"a": "(a) row", "b": "(b) row", "c": "(c) row"}
+    assert bench.label_curve(tmp_path, bench.parse_args(["--finetune-length", "128", "--out", str(tmp_path)]))[0] == {"a": {500: [0.1, 0.1]}}
+
+    plot = bench.write_label_curve(tmp_path, args)
+    assert plot == tmp_path / "label_curve.png" and plot.stat().st_size > 1000
+    table_text = (tmp_path / "label_curve.md").read_text().splitlines()
+    assert table_text[0] == "| model | 500 labels | 2,000 labels |"
+    assert table_text[2] == "| (a) row | 0.8300 ± 0.0141 | 0.8550 ± 0.0071 |" and table_text[3] == "| (b) row | 0.7700 ± 0.0000 |  |"
+    with pytest.raises(SystemExit, match="no results-cls.json or results-labelsN-cls.json"):
+        bench.label_curve(tmp_path, bench.parse_args(["--pooling", "cls", "--out", str(tmp_path)]))
+
+
 def test_budget_bench_reuses_only_a_pretraining_run_made_as_the_table_would_say(monkeypatch, tmp_path):
     bench = budget_bench_module(monkeypatch)
     run = tmp_path / "a"

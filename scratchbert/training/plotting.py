@@ -72,6 +72,31 @@ def plot_loss_comparison(curves: dict[str, tuple[list[int], list[float]]], path:
     return _finish(figure, [axis], path)
 
 
+def plot_label_curve(curves: dict[str, dict[int, list[float]]], path: str | Path, title: str) -> Path:
+    """Test accuracy against the number of labels, `{model: {labels: [accuracy per seed]}}`: the mean with
+    a bar of one standard deviation, on a log scale of labels (each doubling the same width)."""
+    import statistics
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
+
+    figure, axis = plt.subplots(figsize=(7, 4))
+    for label, runs in curves.items():
+        counts = sorted(runs)
+        means = [statistics.mean(runs[count]) for count in counts]
+        spreads = [statistics.stdev(runs[count]) if len(runs[count]) > 1 else 0.0 for count in counts]
+        axis.errorbar(counts, means, yerr=spreads, marker="o", capsize=3, label=label)
+    axis.set_xscale("log")
+    axis.set_xticks(sorted({count for runs in curves.values() for count in runs}))
+    axis.get_xaxis().set_major_formatter(FuncFormatter(lambda value, _: f"{value:,.0f}"))
+    axis.minorticks_off()
+    axis.set(xlabel="labelled training examples (log scale)", ylabel="test accuracy", title=title)
+    return _finish(figure, [axis], path)
+
+
 def _finish(figure, axes, path: str | Path) -> Path:
     """Grid and legend on every axis, then write the figure as a PNG (creating its folder) and close it."""
     import matplotlib.pyplot as plt
