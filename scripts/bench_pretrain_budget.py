@@ -30,6 +30,9 @@ both) and their training throughput.
     pip install -e .[bench]
     python scripts/bench_pretrain_budget.py                                   # IMDB, 60 minutes, 3 seeds
     python scripts/bench_pretrain_budget.py --set bbc-news --minutes 15 --out runs/bench-bbc-15-tiny-v4k
+    # a label curve: the same pretrained model at other label budgets (--reuse), then the plot
+    python scripts/bench_pretrain_budget.py --rows a b c --reuse --train-examples 500   # and 250, 1000, 5000
+    python scripts/bench_pretrain_budget.py --label-curve   # label_curve.md and label_curve.png in --out
 
 Defaults per set (each can be given): imdb 2,000 labels + 500 validation reviews, 2,000 test
 reviews; bbc-news 450 labels (the command holds out 45), 1,000 test articles; both pretrain the
