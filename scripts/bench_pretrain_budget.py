@@ -295,8 +295,7 @@ def label_curve(out: Path, args) -> tuple[dict[str, dict[int, list[float]]], dic
     curves: dict[str, dict[int, list[float]]] = {}
     names: dict[str, str] = {}
     for path in sorted(out.glob("results*.json")):
-        match = re.fullmatch(rf"results(?:-labels(\d+))?{re.escape(rest)}\.json", path.name)
-        if match is None:
+        if not re.fullmatch(rf"results(?:-labels\d+)?{re.escape(rest)}\.json", path.name):
             continue
         saved = json.loads(path.read_text())
         count = saved["args"]["train_examples"]
