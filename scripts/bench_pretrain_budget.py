@@ -297,9 +297,12 @@ def label_curve(out: Path, args) -> tuple[dict[str, dict[int, list[float]]], dic
     for path in sorted(out.glob("results*.json")):
         if not re.fullmatch(rf"results(?:-labels\d+)?{re.escape(rest)}\.json", path.name):
             continue
-        saved = json.loads(path.read_text())
-        count = saved["args"]["train_examples"]
-        for key, row in saved["rows"].items():
+        try:
+            saved = json.loads(path.read_text())
+            count, rows = saved["args"]["train_examples"], saved["rows"]
+        except (json.JSONDecodeError, KeyError, TypeError) as error:
+            raise SystemExit(f"--label-curve: {path} is not a table this script wrote ({error!r}); delete it and make that budget's table again") from None
+        for key, row in rows.items():
             curves.setdefault(key, {})[count] = [run["accuracy"] for run in row["runs"]]
             names[key] = row["name"]
     if not curves:

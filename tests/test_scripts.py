@@ -187,6 +187,9 @@ def test_budget_bench_label_curve_reads_each_budgets_table_and_no_other(monkeypa
     assert table_text[2] == "| (a) row | 0.8300 ± 0.0141 | 0.8550 ± 0.0071 |" and table_text[3] == "| (b) row | 0.7700 ± 0.0000 |  |"
     with pytest.raises(SystemExit, match="no results-cls.json or results-labelsN-cls.json"):
         bench.label_curve(tmp_path, bench.parse_args(["--pooling", "cls", "--out", str(tmp_path)]))
+    (tmp_path / "results-labels250.json").write_text('{"args": {"train_examples": 2')  # a run killed while writing
+    with pytest.raises(SystemExit, match="results-labels250.json is not a table this script wrote"):
+        bench.label_curve(tmp_path, args)
 
 
 def test_budget_bench_reuses_only_a_pretraining_run_made_as_the_table_would_say(monkeypatch, tmp_path):
