@@ -46,6 +46,7 @@ from scratchbert.training.finetune import (
     DEFAULT_EARLY_STOPPING_PATIENCE,
     DEFAULT_EPOCHS,
     DEFAULT_MIN_STEPS,
+    DEFAULT_SOUP,
     FinetuneConfig,
     checkpoint_head_size,
     checkpoint_label_order,
@@ -421,7 +422,7 @@ def test_finetune_cli_trains_saves_and_serves_a_pipeline(tmp_path, capsys, cli_m
     assert results["collapsed"] is None and json.loads(printed.strip().splitlines()[-1])["collapsed"] is None
     # the flags win over the defaults fitted to the model and the data
     assert results["schedule"]["learning_rate"] == 3e-3 and results["schedule"]["epochs"] == 6
-    assert results["schedule"]["chosen_by"] == {"learning_rate": "given", "epochs": "given"}
+    assert results["schedule"]["chosen_by"] == {"learning_rate": "given", "epochs": "given", "soup": "default"}
     assert results["inputs"]["truncation"] == "head+tail" and results["inputs"]["max_length"] == 64  # the default, capped by the model's 64 positions
     assert results["test"]["accuracy"] == results["validation"]["accuracy"]  # same rows, same (best) model
     epochs = [entry for entry in results["log_history"] if "eval_accuracy" in entry]
@@ -494,7 +495,7 @@ def test_defaults_follow_the_model_width_and_the_number_of_examples():
     assert accumulated["steps_per_epoch"] == 13 and accumulated["epochs"] == 8
     given = fitted_schedule(FinetuneConfig("ckpt", output_dir="out", learning_rate=1e-5, epochs=1), 128, 405)
     assert (given["learning_rate"], given["epochs"], given["optimizer_steps"]) == (1e-5, 1, 26)
-    assert given["chosen_by"] == {"learning_rate": "given", "epochs": "given"}
+    assert given["chosen_by"] == {"learning_rate": "given", "epochs": "given", "soup": "default"} and given["soup"] == DEFAULT_SOUP
     with pytest.raises(ValueError, match="min_steps=-1"):
         FinetuneConfig("ckpt", output_dir="out", min_steps=-1)
 
@@ -528,7 +529,7 @@ def test_a_config_file_sets_what_the_defaults_would_and_flags_win_over_it(tmp_pa
     path.write_text("learning_rate: 2.0e-4\nepochs: 5\n")
     config, sources = FinetuneConfig.resolve(read_config_file(path), {"checkpoint": "ckpt", "output_dir": "out", "learning_rate": 1e-3})
     assert (config.learning_rate, config.epochs) == (1e-3, 5) and sources["learning_rate"] == "flag" and sources["epochs"] == "file"
-    assert fitted_schedule(config, 128, 405)["chosen_by"] == {"learning_rate": "given", "epochs": "given"}
+    assert fitted_schedule(config, 128, 405)["chosen_by"] == {"learning_rate": "given", "epochs": "given", "soup": "default"}
 
 
 def test_collapse_is_one_class_predicted_where_the_labels_are_spread():
@@ -586,6 +587,59 @@ def test_without_epochs_training_takes_at_least_min_steps(tmp_path, capsys, cli_
     assert results["schedule"]["epochs"] == 5 and results["schedule"]["optimizer_steps"] == 20
     assert results["schedule"]["learning_rate"] == default_learning_rate(TINY["hidden_size"])
     assert results["train"]["epoch"] == 5 and len([e for e in results["log_history"] if "eval_accuracy" in e]) == 5
+
+
+# --------------------------------------------------------------------------- model soups
+
+
+def test_a_soup_keeps_the_mean_of_its_runs_best_epochs_and_its_first_run_is_the_single_run(tmp_path, scratch_checkpoint):
+    """`soup=3`: three runs on the same labels and validation slice (seeds 7, 8, 9), each keeping its best
+    epoch; the saved model is the element-wise mean of those three, and is what was validated and tested.
+    Its first run is exactly the run `soup=1` makes with the same seed (full determinism)."""
+    train = write_csv(tmp_path / "train.csv", sentiment_rows(64, seed=21))
+    test = write_csv(tmp_path / "test.csv", sentiment_rows(32, seed=22))
+    options = dict(train_files=[str(train)], test_files=[str(test)], epochs=2, batch_size=8, seed=7, full_determinism=True, show_progress=False)
+    soup = finetune_text_classification(scratch_checkpoint, tmp_path / "soup", soup=3, **options)
+    single = finetune_text_classification(scratch_checkpoint, tmp_path / "single", **options)
+
+    assert soup["schedule"]["soup"] == 3 and soup["schedule"]["chosen_by"]["soup"] == "given"
+    runs = soup["soup"]["members"]
+    assert soup["soup"]["runs"] == 3 and [run["seed"] for run in runs] == [7, 8, 9] and soup["best_checkpoint"] is None
+    kept = [load_file(Path(run["best_checkpoint"]) / "model.safetensors") for run in runs]
+    assert all(Path(run["best_checkpoint"]).parent == tmp_path / "soup" / "checkpoints" / f"run-{k}" for k, run in enumerate(runs))
+    assert not torch.equal(kept[0]["classifier.weight"], kept[1]["classifier.weight"])  # three different runs
+    saved = load_file(tmp_path / "soup" / "model.safetensors")
+    for name, tensor in saved.items():
+        mean = torch.stack([run[name].float() for run in kept]).mean(0).to(tensor.dtype) if tensor.is_floating_point() else kept[0][name]
+        torch.testing.assert_close(tensor, mean, rtol=1e-6, atol=1e-7, msg=name)
+
+    # The validation and test scores are the soup's, as a reloaded model gives them; each run's are kept beside them.
+    model = AutoModelForSequenceClassification.from_pretrained(tmp_path / "soup", trust_remote_code=True)
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "soup")
+    rows = list(csv.DictReader(open(test)))
+    predicted = classify_texts(model, tokenizer, [row["text"] for row in rows], max_length=64).argmax(-1)
+    truth = np.array([model.config.label2id[row["label"]] for row in rows])
+    assert soup["test"]["accuracy"] == pytest.approx(float((predicted == truth).mean()))
+    assert "epoch" not in soup["validation"] and all("epoch" in run["validation"] for run in runs)
+    assert soup["early_stopping"]["optimizer_steps_run"] == 3 * single["early_stopping"]["optimizer_steps_run"]
+    assert {entry["run"] for entry in soup["log_history"]} == {0, 1, 2}
+
+    # Run 0 of the soup is the single run of its seed: the same hold-out, kept epoch and weights.
+    scores = lambda metrics: {name: value for name, value in metrics.items() if "second" not in name and name != "runtime"}  # noqa: E731
+    assert scores(runs[0]["validation"]) == scores(single["validation"])
+    first, alone = load_file(Path(runs[0]["best_checkpoint"]) / "model.safetensors"), load_file(tmp_path / "single" / "model.safetensors")
+    assert all(torch.equal(first[name], alone[name]) for name in alone)
+    assert single["schedule"]["soup"] == 1 and "soup" not in single and single["best_checkpoint"].startswith(str(tmp_path / "single" / "checkpoints" / "checkpoint-"))
+
+
+def test_soup_option_is_parsed_and_checked():
+    from scratchbert.commands import build_parser
+
+    assert build_parser().parse_args(["finetune", "ckpt", "--output-dir", "out", "--soup", "3"]).soup == 3
+    assert FinetuneConfig("ckpt", output_dir="out").soup is None
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match=r"soup=.*: it must be a whole number of fine-tuning runs, 1 or more \(--soup\)"):
+            FinetuneConfig("ckpt", output_dir="out", soup=bad)
 
 
 # --------------------------------------------------------------------------- early stopping and pooling

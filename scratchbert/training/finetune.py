@@ -17,7 +17,8 @@ tokenizer) into a text classifier, in five steps that each have a function here:
                             correct under gradient accumulation (see there).
 5. `finetune(FinetuneConfig)`  fit the learning rate and epochs not given to the model and
                             the data (`fitted_schedule`), train with evaluation each epoch
-                            (stopping early when asked), keep the best epoch, say so when it gives (nearly) every example
+                            (stopping early when asked), keep the best epoch (or, for a soup, the
+                            mean of several runs' best epochs: `WeightAverage`), say so when it gives (nearly) every example
                             one class (`report_collapse`), save model + tokenizer + metrics.
                             (`finetune_text_classification(checkpoint, out, **options)` is the
                             same with the options as keyword arguments; `scratchbert finetune`
@@ -85,6 +86,9 @@ DEFAULT_MIN_STEPS = 300
 # checkpoint's trained head keeps the pooling it was trained with.
 POOLING_BY_WIDTH = ((128, "mean"), (math.inf, "cls"))
 POOLING_WORDS = {"cls": "BERT's pooled [CLS] vector", "mean": "the mean of the real tokens", "max": "each feature's largest value over the real tokens"}
+# Fine-tunes averaged into the kept model when --soup is not given (`average_of_members`): 1, a
+# single run, until the soup is measured on the second set (DOCS).
+DEFAULT_SOUP = 1
 # Evaluations without a better `best_metric` before training stops; None: every epoch runs
 # (patience 2 saved a third to a half of the steps at accuracy within the noise: time only, DOCS).
 DEFAULT_EARLY_STOPPING_PATIENCE = None
@@ -745,8 +749,12 @@ class FinetuneConfig(ConfigFile):
         default=None,
         metadata={"choices": CLASSIFIER_POOLINGS, "help": f"what the classifier reads: BERT's pooler on [CLS], or the mean or each feature's max of the last layer over the real tokens (default: a trained head's own, else mean up to hidden size {POOLING_BY_WIDTH[0][0]} and cls above; {DOCS}). A mean or max classifier exports to ONNX, not with export-bert"},
     )  # fmt: skip
+    soup: int | None = field(
+        default=None,
+        metadata={"help": f"fine-tune N times on the same labels and validation slice (seeds --seed, --seed + 1, ...) and keep the average of the N kept models' weights: one model of the same size (a model soup; default: {DEFAULT_SOUP}, {DOCS})"},
+    )  # fmt: skip
     reinit_head: bool = field(default=False, metadata={"help": "train a new head even if the checkpoint has one"})
-    seed: int = field(default=42, metadata={"help": "seed of the new head, the data order and dropout"})
+    seed: int = field(default=42, metadata={"help": "seed of the new head, the data order and dropout (of a soup's first run)"})
     full_determinism: bool = field(
         default=False,
         metadata={"help": "the same weights from the same seed on this machine: torch's deterministic mode, and no CPU kernel chosen by timing (slower where another kernel was faster; docs/finetuning.md)"},
@@ -782,6 +790,8 @@ class FinetuneConfig(ConfigFile):
         patience = self.early_stopping_patience
         if patience is not None and (isinstance(patience, bool) or not isinstance(patience, int) or patience < 0):
             raise ScratchBertError(f"early_stopping_patience={patience!r}: it must be a whole number of evaluations, 0 (off) or more (--early-stopping-patience).")
+        if self.soup is not None and (isinstance(self.soup, bool) or not isinstance(self.soup, int) or self.soup < 1):
+            raise ScratchBertError(f"soup={self.soup!r}: it must be a whole number of fine-tuning runs, 1 or more (--soup).")
         if self.pooling is not None and self.pooling not in CLASSIFIER_POOLINGS:
             raise ScratchBertError(f"pooling must be one of {', '.join(CLASSIFIER_POOLINGS)}, got {self.pooling!r} (--pooling).")
         if self.windows is not None and (isinstance(self.windows, bool) or not isinstance(self.windows, int) or self.windows < 1):
@@ -822,10 +832,11 @@ def fitted_schedule(config: FinetuneConfig, hidden_size: int, train_rows: int) -
     follows the model's width (`default_learning_rate`) and the epochs are `DEFAULT_EPOCHS`, or
     as many whole epochs as it takes to make `config.min_steps` optimizer steps: 400 labelled
     examples in batches of 16 make 25 steps an epoch, too few updates in 3 epochs for a small
-    model to leave the majority class.
+    model to leave the majority class. The runs averaged into the kept model are `config.soup`,
+    or `DEFAULT_SOUP`; "optimizer_steps" counts one run's.
 
     Returns:
-        {"learning_rate", "epochs", "optimizer_steps", "steps_per_epoch", "chosen_by": {option: why}}
+        {"learning_rate", "epochs", "optimizer_steps", "steps_per_epoch", "soup", "chosen_by": {option: why}}
     """
     per_epoch = optimizer_steps_per_epoch(train_rows, config.batch_size, config.gradient_accumulation_steps)
     chosen_by = {}
@@ -840,11 +851,14 @@ def fitted_schedule(config: FinetuneConfig, hidden_size: int, train_rows: int) -
         chosen_by["epochs"] = f"default: {DEFAULT_EPOCHS}, or enough for --min-steps {config.min_steps}"
     else:
         chosen_by["epochs"] = "given"
+    soup = config.soup if config.soup is not None else DEFAULT_SOUP
+    chosen_by["soup"] = "given" if config.soup is not None else "default"
     return {
         "learning_rate": learning_rate,
         "epochs": epochs,
         "optimizer_steps": math.ceil(epochs * per_epoch),
         "steps_per_epoch": per_epoch,
+        "soup": soup,
         "chosen_by": chosen_by,
     }
 
@@ -876,10 +890,11 @@ def fitted_inputs(config: FinetuneConfig, positions: int) -> dict[str, Any]:
     return {"max_length": max_length, "truncation": truncation, "windows": windows, "positions": positions, "chosen_by": chosen_by}
 
 
-def report_collapse(trainer, outputs: dict, label_names: Sequence[str]) -> dict | None:
+def report_collapse(log_history: list[dict], outputs: dict, label_names: Sequence[str]) -> dict | None:
     """Whether the kept model gives (nearly) every example one class (`collapse_of`), split by split.
 
-    `outputs` maps split names to (logits (D, K), labels (D,)) of each text. Returns None, or the collapsed
+    `outputs` maps split names to (logits (D, K), labels (D,)) of each text; `log_history` is
+    Trainer's (every run's, for a soup). Returns None, or the collapsed
     splits with "epochs_collapsed" ("E of N" evaluated epochs) and "advice"; each is also logged
     as a warning.
     """
@@ -890,7 +905,7 @@ def report_collapse(trainer, outputs: dict, label_names: Sequence[str]) -> dict 
             collapsed[split] = found
     if not collapsed:
         return None
-    epochs = [entry["eval_top_class_share"] for entry in trainer.state.log_history if "eval_top_class_share" in entry]
+    epochs = [entry["eval_top_class_share"] for entry in log_history if "eval_top_class_share" in entry]
     collapsed["epochs_collapsed"] = f"{sum(share >= COLLAPSE_SHARE for share in epochs)} of {len(epochs)}"
     collapsed["advice"] = COLLAPSE_ADVICE
     for split in outputs:
@@ -961,15 +976,19 @@ def finetune(config: FinetuneConfig, model_class=None) -> dict[str, Any]:
     model's positions and the kind of text (`fitted_inputs`). Evaluates accuracy and macro-F1 on the
     validation split after every epoch, per text: a text read in several `windows` by its windows' mean
     logits (stopping after `early_stopping_patience` evaluations without a better `best_metric`, when
-    set), reloads the epoch with the best `best_metric` at the end,
-    optionally scores a test split with it, reports a classifier that gives (nearly) every
-    example one class (`report_collapse`), and saves model (with `id2label`/`label2id`),
-    tokenizer and `metrics.json`. Epoch checkpoints go to `output_dir/checkpoints`.
+    set), reloads the epoch with the best `best_metric` at the end; with `soup` = N > 1 does that N
+    times (seeds `seed`, `seed` + 1, ...; the same labels and validation slice) and keeps the mean of the
+    N kept models' weights, validated again. It optionally scores a test split with the kept model,
+    reports a classifier that gives (nearly) every example one class (`report_collapse`), and saves
+    model (with `id2label`/`label2id`), tokenizer and `metrics.json`. Epoch checkpoints go to
+    `output_dir/checkpoints` (a soup's to `checkpoints/run-k`).
 
     Returns:
         {"labels": [...], "schedule": {...}, "inputs": {...} (`fitted_inputs`), "validation": {...}, "test": {...} (when a test
          split is given), "train": {...}, "pooling": "cls", "mean" or "max", "window_loss", "early_stopping": {...}
-         (`early_stopping_record`), "collapsed": None or {split: {...}, "advice": ...}}
+         (`early_stopping_record`; for a soup, steps and epochs summed over its runs), "collapsed": None or
+         {split: {...}, "advice": ...}, and for a soup "soup": {"runs", "members": [each run's seed, validation,
+         best_checkpoint and early_stopping]}}
         with metrics named without Trainer's "eval_" prefix.
     """
     checkpoint = config.checkpoint
@@ -1001,25 +1020,41 @@ def finetune(config: FinetuneConfig, model_class=None) -> dict[str, Any]:
 
     schedule = fitted_schedule(config, model_config.get("hidden_size", 768), len(splits["train"]))
     logger.info(
-        "learning rate %g (%s), %g epochs of %d optimizer steps (%s)", schedule["learning_rate"], schedule["chosen_by"]["learning_rate"],
-        schedule["epochs"], schedule["steps_per_epoch"], schedule["chosen_by"]["epochs"],
+        "learning rate %g (%s), %g epochs of %d optimizer steps (%s), %d run%s averaged into the kept model (%s)", schedule["learning_rate"],
+        schedule["chosen_by"]["learning_rate"], schedule["epochs"], schedule["steps_per_epoch"], schedule["chosen_by"]["epochs"],
+        schedule["soup"], "s" if schedule["soup"] > 1 else "", schedule["chosen_by"]["soup"],
     )  # fmt: skip
 
     with determinism_restored():
         return _train_and_score(config, model_class, tokenizer, splits, label_names, schedule, inputs, output_dir)
 
 
-def _train_and_score(
-    config: FinetuneConfig, model_class, tokenizer, splits, label_names, schedule: dict, inputs: dict, output_dir: Path
-) -> dict[str, Any]:
-    """`finetune`'s training, selection, scoring and saving, on the checked and tokenized data."""
+@dataclass
+class Member:
+    """What one fine-tuning run of `finetune` did (`_train_member`)."""
+
+    seed: int
+    train: dict  # Trainer's training metrics
+    validation: dict  # the kept epoch's validation metrics, as logged when it was evaluated
+    best_checkpoint: str | None
+    early_stopping: dict  # `early_stopping_record`
+    log_history: list[dict]
+
+
+def unprefixed(metrics: dict, prefix: str) -> dict:
+    """Trainer's metrics without their split prefix ("eval_accuracy" -> "accuracy")."""
+    return {key.removeprefix(prefix): value for key, value in metrics.items()}
+
+
+def _train_member(config: FinetuneConfig, model_class, tokenizer, splits, label_names, schedule: dict, checkpoints: Path, seed: int):
+    """Train one classifier from `config.checkpoint` with `seed`, evaluating each epoch. -> (`Member`, its
+    Trainer, which holds the kept epoch's model: Trainer reloads the best at the end)."""
     from transformers import TrainingArguments, set_seed
 
-    checkpoint = config.checkpoint
-    set_seed(config.seed)  # the new head's initialisation and the data order
-    model = load_sequence_classifier(checkpoint, label_names, reinit_head=config.reinit_head, model_class=model_class, pooling=config.pooling)
+    set_seed(seed)  # the new head's initialisation and the data order
+    model = load_sequence_classifier(config.checkpoint, label_names, reinit_head=config.reinit_head, model_class=model_class, pooling=config.pooling)
     args = TrainingArguments(
-        output_dir=str(output_dir / "checkpoints"),
+        output_dir=str(checkpoints),
         num_train_epochs=schedule["epochs"],
         per_device_train_batch_size=config.batch_size,
         per_device_eval_batch_size=config.eval_batch_size,
@@ -1035,7 +1070,7 @@ def _train_and_score(
         save_total_limit=1,  # Trainer still keeps the best checkpoint besides the latest
         save_only_model=True,  # epoch checkpoints are for picking the best, not for resuming: no optimizer state
         logging_steps=config.logging_steps,
-        seed=config.seed,
+        seed=seed,
         full_determinism=config.full_determinism,
         report_to="none",
         disable_tqdm=not config.show_progress,
@@ -1055,23 +1090,92 @@ def _train_and_score(
         callbacks=callbacks, **text_loss,
     )  # fmt: skip
     train_output = trainer.train()
-
-    def unprefixed(metrics: dict, prefix: str) -> dict:
-        return {key.removeprefix(prefix): value for key, value in metrics.items()}
-
     # The best epoch's validation metrics were logged when it was evaluated; no need to evaluate again.
     best_epoch = next(e for e in trainer.state.log_history if e.get("step") == trainer.state.best_global_step and "eval_loss" in e)
+    member = Member(
+        seed, unprefixed(train_output.metrics, "train_"), unprefixed(best_epoch, "eval_"), trainer.state.best_model_checkpoint,
+        early_stopping_record(trainer, stopper, schedule), trainer.state.log_history,
+    )  # fmt: skip
+    return member, trainer
+
+
+class WeightAverage:
+    """The running element-wise mean of the weights of models added one by one (a uniform model soup,
+    Wortsman et al. 2022), holding one float32 copy of the weights rather than every model.
+
+    Fine-tuned from one checkpoint, the runs stay close enough in weight space for their mean to be a
+    classifier itself, better than the runs on average (DOCS). Tensors that are not floating point
+    (index buffers) are the same in every run and are left as the model has them.
+    """
+
+    def __init__(self):
+        self.total: dict[str, torch.Tensor] = {}
+        self.count = 0
+
+    def add(self, model) -> None:
+        for name, tensor in model.state_dict().items():
+            if tensor.is_floating_point():
+                self.total[name] = self.total[name] + tensor.float() if self.count else tensor.detach().float().clone()
+        self.count += 1
+
+    def load_into(self, model) -> None:
+        """Give `model` (one of the averaged models' architecture) the mean weights."""
+        mean = {name: (total / self.count).to(model.state_dict()[name].dtype) for name, total in self.total.items()}
+        model.load_state_dict(mean, strict=False)  # strict=False: the non-float buffers stay as they are
+
+
+def soup_record(members: list[Member]) -> dict:
+    """What the runs of a soup did together: training time and steps summed, the rest per run."""
+    return {
+        "train": {"runtime": sum(m.train["runtime"] for m in members), "loss": float(np.mean([m.train["loss"] for m in members])), "epoch": members[0].train["epoch"]},
+        "early_stopping": {
+            "patience": members[0].early_stopping["patience"],
+            "stopped_early": any(m.early_stopping["stopped_early"] for m in members),
+            "epochs_run": sum(m.early_stopping["epochs_run"] for m in members),
+            "optimizer_steps_run": sum(m.early_stopping["optimizer_steps_run"] for m in members),
+        },
+        "soup": {"runs": len(members), "members": [{name: getattr(m, name) for name in ("seed", "validation", "best_checkpoint", "early_stopping")} for m in members]},
+    }
+
+
+def _train_and_score(
+    config: FinetuneConfig, model_class, tokenizer, splits, label_names, schedule: dict, inputs: dict, output_dir: Path
+) -> dict[str, Any]:
+    """`finetune`'s training, selection, scoring and saving, on the checked and tokenized data.
+
+    With `schedule["soup"]` = N > 1, N runs (seeds `config.seed` + 0..N-1, checkpoints in
+    `checkpoints/run-k`) each keep their best epoch, and the mean of their weights is the model that
+    is validated, tested, checked for collapse and saved.
+    """
+    runs = schedule["soup"]
+    members, average = [], WeightAverage()
+    for k in range(runs):
+        if runs > 1:
+            logger.info("soup: fine-tuning run %d of %d (seed %d)", k + 1, runs, config.seed + k)
+        checkpoints = output_dir / "checkpoints" / (f"run-{k}" if runs > 1 else "")
+        member, trainer = _train_member(config, model_class, tokenizer, splits, label_names, schedule, checkpoints, config.seed + k)
+        members.append(member)
+        if runs > 1:
+            average.add(trainer.model)
+    # The last run's Trainer scores and saves the kept model: the one run's best epoch, or the soup.
+    if runs == 1:
+        together = {"train": member.train, "early_stopping": member.early_stopping}
+        log_history = member.log_history
+    else:
+        average.load_into(trainer.model)
+        together = soup_record(members)
+        log_history = [entry | {"run": k} for k, m in enumerate(members) for entry in m.log_history]
     results = {
         "labels": label_names,
         "schedule": schedule,
         "inputs": inputs,
-        "train": unprefixed(train_output.metrics, "train_"),
-        "validation": unprefixed(best_epoch, "eval_"),
-        "best_checkpoint": trainer.state.best_model_checkpoint,
-        "pooling": getattr(model.config, "classifier_pooling", "cls"),
+        "train": together["train"],
+        "validation": member.validation,  # a soup's own replaces it below
+        "best_checkpoint": member.best_checkpoint if runs == 1 else None,
+        "pooling": getattr(trainer.model.config, "classifier_pooling", "cls"),
         "window_loss": config.window_loss,
-        "early_stopping": early_stopping_record(trainer, stopper, schedule),
-    }
+        "early_stopping": together["early_stopping"],
+    } | ({"soup": together["soup"]} if runs > 1 else {})
     # The kept model's predictions of each text, to check them for a one-class answer (the test split's scores come with them).
     outputs = {}
     for split, prefix in (("validation", "eval"), ("test", "test")):
@@ -1079,11 +1183,16 @@ def _train_and_score(
             trainer.compute_metrics = document_metrics(splits[split]["document"])
             output = trainer.predict(splits[split], metric_key_prefix=prefix)
             outputs[split] = document_predictions(output.predictions, output.label_ids, splits[split]["document"])
-            if split == "test":
-                results["test"] = unprefixed(output.metrics, "test_")
-    results["collapsed"] = report_collapse(trainer, outputs, label_names)
+            if split == "test" or runs > 1:
+                results[split] = unprefixed(output.metrics, f"{prefix}_")
+    if runs > 1:
+        logger.info(
+            "soup of %d runs: validation %s %.4f (each run's: %s)", runs, config.best_metric, results["validation"][config.best_metric],
+            ", ".join(f"{m.validation[config.best_metric]:.4f}" for m in members),
+        )  # fmt: skip
+    results["collapsed"] = report_collapse(log_history, outputs, label_names)
     trainer.save_model(str(output_dir))  # save_pretrained of the model and of the tokenizer
-    results["log_history"] = trainer.state.log_history
+    results["log_history"] = log_history
     (output_dir / "metrics.json").write_text(json.dumps(results, indent=2) + "\n")
     for split in ("validation", "test"):
         if split in results:
