@@ -46,7 +46,6 @@ from scratchbert.training.finetune import (
     DEFAULT_EARLY_STOPPING_PATIENCE,
     DEFAULT_EPOCHS,
     DEFAULT_MIN_STEPS,
-    DEFAULT_SOUP,
     FinetuneConfig,
     checkpoint_head_size,
     checkpoint_label_order,
@@ -56,6 +55,7 @@ from scratchbert.training.finetune import (
     collapse_of,
     default_learning_rate,
     default_pooling,
+    default_soup,
     document_predictions,
     encode_labels,
     finetune_text_classification,
@@ -422,13 +422,15 @@ def test_finetune_cli_trains_saves_and_serves_a_pipeline(tmp_path, capsys, cli_m
     assert results["collapsed"] is None and json.loads(printed.strip().splitlines()[-1])["collapsed"] is None
     # the flags win over the defaults fitted to the model and the data
     assert results["schedule"]["learning_rate"] == 3e-3 and results["schedule"]["epochs"] == 6
-    assert results["schedule"]["chosen_by"] == {"learning_rate": "given", "epochs": "given", "soup": "default"}
+    assert results["schedule"]["chosen_by"] == {"learning_rate": "given", "epochs": "given", "soup": "default for hidden size 32"}
+    assert results["schedule"]["soup"] == 5 and results["soup"]["runs"] == 5  # the model a user gets: a soup of five runs
     assert results["inputs"]["truncation"] == "head+tail" and results["inputs"]["max_length"] == 64  # the default, capped by the model's 64 positions
     assert results["test"]["accuracy"] == results["validation"]["accuracy"]  # same rows, same (best) model
-    epochs = [entry for entry in results["log_history"] if "eval_accuracy" in entry]
-    assert len(epochs) == 6 and results["validation"]["accuracy"] == max(e["eval_accuracy"] for e in epochs)
-    losses = [entry["loss"] for entry in results["log_history"] if "loss" in entry]
-    assert losses[-1] < losses[0]
+    for run in range(5):  # each run evaluated every epoch, kept its best one and learned
+        epochs = [entry for entry in results["log_history"] if "eval_accuracy" in entry and entry["run"] == run]
+        assert len(epochs) == 6 and results["soup"]["members"][run]["validation"]["accuracy"] == max(e["eval_accuracy"] for e in epochs)
+        losses = [entry["loss"] for entry in results["log_history"] if "loss" in entry and entry["run"] == run]
+        assert losses[-1] < losses[0]
 
     model = AutoModelForSequenceClassification.from_pretrained(out)
     assert isinstance(model, ScratchBertForSequenceClassification)
@@ -495,7 +497,10 @@ def test_defaults_follow_the_model_width_and_the_number_of_examples():
     assert accumulated["steps_per_epoch"] == 13 and accumulated["epochs"] == 8
     given = fitted_schedule(FinetuneConfig("ckpt", output_dir="out", learning_rate=1e-5, epochs=1), 128, 405)
     assert (given["learning_rate"], given["epochs"], given["optimizer_steps"]) == (1e-5, 1, 26)
-    assert given["chosen_by"] == {"learning_rate": "given", "epochs": "given", "soup": "default"} and given["soup"] == DEFAULT_SOUP
+    assert given["chosen_by"] == {"learning_rate": "given", "epochs": "given", "soup": "default for hidden size 128"} and given["soup"] == 5
+    # A soup of five runs for `tiny`, measured on two sets; wider models train once (five runs of them were not measured).
+    assert (default_soup(128), default_soup(256), default_soup(768)) == (5, 1, 1)
+    assert fitted_schedule(FinetuneConfig("ckpt", output_dir="out", soup=2), 768, 405)["soup"] == 2  # a given value wins
     with pytest.raises(ValueError, match="min_steps=-1"):
         FinetuneConfig("ckpt", output_dir="out", min_steps=-1)
 
@@ -529,7 +534,7 @@ def test_a_config_file_sets_what_the_defaults_would_and_flags_win_over_it(tmp_pa
     path.write_text("learning_rate: 2.0e-4\nepochs: 5\n")
     config, sources = FinetuneConfig.resolve(read_config_file(path), {"checkpoint": "ckpt", "output_dir": "out", "learning_rate": 1e-3})
     assert (config.learning_rate, config.epochs) == (1e-3, 5) and sources["learning_rate"] == "flag" and sources["epochs"] == "file"
-    assert fitted_schedule(config, 128, 405)["chosen_by"] == {"learning_rate": "given", "epochs": "given", "soup": "default"}
+    assert fitted_schedule(config, 128, 405)["chosen_by"] == {"learning_rate": "given", "epochs": "given", "soup": "default for hidden size 128"}
 
 
 def test_collapse_is_one_class_predicted_where_the_labels_are_spread():
@@ -568,7 +573,7 @@ def test_a_collapsed_classifier_is_reported(tmp_path, caplog, capsys, cli_main, 
     collapsed = results["collapsed"]
     labels = [row["label"] for row in sentiment_rows(48, seed=13)]
     assert collapsed["validation"] == {"class": "neg", "predicted_share": 1.0, "label_share": round(labels.count("neg") / 48, 4)}
-    assert collapsed["test"] == collapsed["validation"] and collapsed["epochs_collapsed"] == "2 of 2"
+    assert collapsed["test"] == collapsed["validation"] and collapsed["epochs_collapsed"] == "10 of 10"  # every epoch of the soup's five runs
     assert collapsed["advice"] == COLLAPSE_ADVICE and "--learning-rate" in COLLAPSE_ADVICE and "labels" in COLLAPSE_ADVICE
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["collapsed"] == collapsed  # the printed summary
     warnings = [record.getMessage() for record in caplog.records if record.levelname == "WARNING"]
@@ -580,7 +585,7 @@ def test_without_epochs_training_takes_at_least_min_steps(tmp_path, capsys, cli_
     out = tmp_path / "out"
     code, err = run_cli(
         cli_main, capsys, scratch_checkpoint, "--train-file", train, "--validation-file", train, "--output-dir", out,
-        "--min-steps", "20", "--no-show-progress",
+        "--min-steps", "20", "--soup", "1", "--no-show-progress",
     )  # fmt: skip
     assert code == 0, err
     results = json.loads((out / "metrics.json").read_text())
@@ -600,7 +605,7 @@ def test_a_soup_keeps_the_mean_of_its_runs_best_epochs_and_its_first_run_is_the_
     test = write_csv(tmp_path / "test.csv", sentiment_rows(32, seed=22))
     options = dict(train_files=[str(train)], test_files=[str(test)], epochs=2, batch_size=8, seed=7, full_determinism=True, show_progress=False)
     soup = finetune_text_classification(scratch_checkpoint, tmp_path / "soup", soup=3, **options)
-    single = finetune_text_classification(scratch_checkpoint, tmp_path / "single", **options)
+    single = finetune_text_classification(scratch_checkpoint, tmp_path / "single", soup=1, **options)
 
     assert soup["schedule"]["soup"] == 3 and soup["schedule"]["chosen_by"]["soup"] == "given"
     runs = soup["soup"]["members"]
@@ -688,7 +693,7 @@ def test_early_stopping_stops_on_a_plateau_and_keeps_the_latest_best_epoch(tmp_p
     is the one-class answer, which small models give in their first epochs before they learn."""
     train = write_csv(tmp_path / "train.csv", sentiment_rows(32, seed=15))  # 2 steps of 16 an epoch
     validation = write_csv(tmp_path / "validation.csv", sentiment_rows(32, seed=16))
-    argv = ["--train-file", train, "--validation-file", validation, "--epochs", "6", "--learning-rate", "1e-7", "--no-show-progress"]
+    argv = ["--train-file", train, "--validation-file", validation, "--epochs", "6", "--learning-rate", "1e-7", "--soup", "1", "--no-show-progress"]
     code, err = run_cli(cli_main, capsys, untrained_classifier, *argv, "--output-dir", tmp_path / "stopped", "--early-stopping-patience", "2")
     assert code == 0, err
     results = json.loads((tmp_path / "stopped" / "metrics.json").read_text())
@@ -777,7 +782,7 @@ def test_windows_read_what_one_window_cuts_off(tmp_path, capsys, cli_main, scrat
         code, err = run_cli(
             cli_main, capsys, scratch_checkpoint, "--train-file", train, "--validation-file", validation, "--test-file", validation,
             "--output-dir", out, "--epochs", "6", "--learning-rate", "3e-3", "--max-length", "8", "--windows", windows,
-            "--window-loss", loss, "--no-show-progress",
+            "--window-loss", loss, "--soup", "1", "--no-show-progress",
         )  # fmt: skip
         assert code == 0, err
         results = json.loads((out / "metrics.json").read_text())
