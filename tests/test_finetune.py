@@ -598,18 +598,22 @@ def test_without_epochs_training_takes_at_least_min_steps(tmp_path, capsys, cli_
 
 
 def test_a_soup_keeps_the_mean_of_its_runs_best_epochs_and_its_first_run_is_the_single_run(tmp_path, scratch_checkpoint):
-    """`soup=3`: three runs on the same labels and validation slice (seeds 7, 8, 9), each keeping its best
-    epoch; the saved model is the element-wise mean of those three, and is what was validated and tested.
-    Its first run is exactly the run `soup=1` makes with the same seed (full determinism)."""
+    """`soup=3` from a checkpoint that has learned the task (as a pretrained one has learned the language): three runs
+    on the same labels and validation slice (seeds 7, 8, 9), each keeping its best epoch; the saved model is the
+    element-wise mean of those three, and is what was validated and tested. Its first run is exactly the run
+    `soup=1` makes with the same seed (full determinism)."""
     train = write_csv(tmp_path / "train.csv", sentiment_rows(64, seed=21))
     test = write_csv(tmp_path / "test.csv", sentiment_rows(32, seed=22))
     options = dict(train_files=[str(train)], test_files=[str(test)], epochs=2, batch_size=8, seed=7, full_determinism=True, show_progress=False)
-    soup = finetune_text_classification(scratch_checkpoint, tmp_path / "soup", soup=3, **options)
-    single = finetune_text_classification(scratch_checkpoint, tmp_path / "single", soup=1, **options)
+    finetune_text_classification(scratch_checkpoint, tmp_path / "warm", soup=1, epochs=4, **{k: v for k, v in options.items() if k != "epochs"})
+    soup = finetune_text_classification(tmp_path / "warm", tmp_path / "soup", soup=3, **options)
+    single = finetune_text_classification(tmp_path / "warm", tmp_path / "single", soup=1, **options)
 
     assert soup["schedule"]["soup"] == 3 and soup["schedule"]["chosen_by"]["soup"] == "given"
     runs = soup["soup"]["members"]
     assert soup["soup"]["runs"] == 3 and [run["seed"] for run in runs] == [7, 8, 9] and soup["best_checkpoint"] is None
+    assert soup["soup"]["kept"] == "soup" and soup["soup"]["validation_loss"] <= soup["soup"]["worst_run_validation_loss"]
+    assert soup["soup"]["worst_run_validation_loss"] == max(run["validation"]["loss"] for run in runs)
     kept = [load_file(Path(run["best_checkpoint"]) / "model.safetensors") for run in runs]
     assert all(Path(run["best_checkpoint"]).parent == tmp_path / "soup" / "checkpoints" / f"run-{k}" for k, run in enumerate(runs))
     assert not torch.equal(kept[0]["classifier.weight"], kept[1]["classifier.weight"])  # three different runs
@@ -619,6 +623,7 @@ def test_a_soup_keeps_the_mean_of_its_runs_best_epochs_and_its_first_run_is_the_
         torch.testing.assert_close(tensor, mean, rtol=1e-6, atol=1e-7, msg=name)
 
     # The validation and test scores are the soup's, as a reloaded model gives them; each run's are kept beside them.
+    assert soup["validation"]["loss"] == pytest.approx(soup["soup"]["validation_loss"])
     model = AutoModelForSequenceClassification.from_pretrained(tmp_path / "soup", trust_remote_code=True)
     tokenizer = AutoTokenizer.from_pretrained(tmp_path / "soup")
     rows = list(csv.DictReader(open(test)))
@@ -635,6 +640,29 @@ def test_a_soup_keeps_the_mean_of_its_runs_best_epochs_and_its_first_run_is_the_
     first, alone = load_file(Path(runs[0]["best_checkpoint"]) / "model.safetensors"), load_file(tmp_path / "single" / "model.safetensors")
     assert all(torch.equal(first[name], alone[name]) for name in alone)
     assert single["schedule"]["soup"] == 1 and "soup" not in single and single["best_checkpoint"].startswith(str(tmp_path / "single" / "checkpoints" / "checkpoint-"))
+
+
+def test_a_soup_of_runs_from_random_weights_keeps_the_best_run_and_says_so(tmp_path, caplog, scratch_checkpoint):
+    """Fine-tuned from random weights, the runs end in different basins and their mean validates worse than
+    every one of them: the run with the best validation score is kept instead, and the log says why."""
+    train = write_csv(tmp_path / "train.csv", keyword_in_the_middle_rows(192, seed=1))
+    validation = write_csv(tmp_path / "validation.csv", keyword_in_the_middle_rows(64, seed=2))
+    options = dict(epochs=6, learning_rate=3e-3, max_length=8, windows=3, seed=0, full_determinism=True, show_progress=False)
+    with caplog.at_level("WARNING"):
+        results = finetune_text_classification(
+            scratch_checkpoint, tmp_path / "out", train_files=[str(train)], validation_files=[str(validation)], test_files=[str(validation)],
+            soup=5, **options,
+        )  # fmt: skip
+    runs, record = results["soup"]["members"], results["soup"]
+    assert record["validation_loss"] > record["worst_run_validation_loss"] == max(run["validation"]["loss"] for run in runs)
+    best = max(range(5), key=lambda k: (runs[k]["validation"]["macro_f1"], -runs[k]["validation"]["loss"]))
+    assert record["kept"] == f"run {best}"
+    saved, chosen = load_file(tmp_path / "out" / "model.safetensors"), load_file(Path(runs[best]["best_checkpoint"]) / "model.safetensors")
+    assert all(torch.equal(saved[name], chosen[name]) for name in chosen)  # the run itself, as it was kept
+    assert results["validation"]["macro_f1"] == pytest.approx(runs[best]["validation"]["macro_f1"])
+    assert results["test"]["macro_f1"] == pytest.approx(runs[best]["validation"]["macro_f1"])  # the test file is the validation file
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "SOUP NOT KEPT" in r.getMessage()]
+    assert len(warnings) == 1 and f"Keeping run {best} (seed {best})" in warnings[0] and "--soup 1" in warnings[0]
 
 
 def test_soup_option_is_parsed_and_checked():

@@ -1148,6 +1148,43 @@ def soup_record(members: list[Member]) -> dict:
     }
 
 
+SOUP_FALLBACK_ADVICE = (
+    "its runs did not end in one basin of the loss, as fine-tunes of an untrained or barely pretrained checkpoint "
+    "do not. Pretrain longer, or pass --soup 1 to train once."
+)
+
+
+def keep_soup_or_best_run(trainer, members: list[Member], validation, best_metric: str) -> dict:
+    """Keep the soup in `trainer.model` if it validates no worse than the worst of its runs, else the best run.
+
+    Runs fine-tuned from a pretrained checkpoint stay in one basin, and their mean is a classifier
+    at least as good as they are; runs from random weights end in different basins, and their mean
+    is close to a constant guess (on BBC News: validation loss 1.3 against 0.2 to 0.7 for each run,
+    test macro-F1 0.77 to 0.88 where one run scores 0.92 to 0.97; DOCS). The validation loss tells the two apart where
+    the score of a small validation split cannot. When the soup is worse than every run, the run with
+    the best `best_metric` (then the lowest loss) is loaded into `trainer.model` instead, with a warning.
+
+    Returns:
+        {"kept": "soup" or "run k", "validation_loss": the soup's, "worst_run_validation_loss"}
+    """
+    from safetensors.torch import load_file
+
+    trainer.compute_metrics = document_metrics(validation["document"])
+    soup_loss = trainer.predict(validation, metric_key_prefix="eval").metrics["eval_loss"]
+    worst = max(m.validation["loss"] for m in members)
+    record = {"validation_loss": soup_loss, "worst_run_validation_loss": worst}
+    if soup_loss <= worst:
+        return record | {"kept": "soup"}
+    best = max(range(len(members)), key=lambda k: (members[k].validation[best_metric], -members[k].validation["loss"]))
+    trainer.model.load_state_dict(load_file(str(Path(members[best].best_checkpoint) / "model.safetensors")), strict=False)
+    logger.warning(
+        "SOUP NOT KEPT: the mean of the %d runs' weights has validation loss %.3f, above every run's (the worst: %.3f): %s "
+        "Keeping run %d (seed %d), the best on validation (%s %.4f).", len(members), soup_loss, worst, SOUP_FALLBACK_ADVICE,
+        best, members[best].seed, best_metric, members[best].validation[best_metric],
+    )  # fmt: skip
+    return record | {"kept": f"run {best}"}
+
+
 def _train_and_score(
     config: FinetuneConfig, model_class, tokenizer, splits, label_names, schedule: dict, inputs: dict, output_dir: Path
 ) -> dict[str, Any]:
@@ -1155,7 +1192,8 @@ def _train_and_score(
 
     With `schedule["soup"]` = N > 1, N runs (seeds `config.seed` + 0..N-1, checkpoints in
     `checkpoints/run-k`) each keep their best epoch, and the mean of their weights is the model that
-    is validated, tested, checked for collapse and saved.
+    is validated, tested, checked for collapse and saved, unless it validates worse than every run
+    (`keep_soup_or_best_run`).
     """
     runs = schedule["soup"]
     members, average = [], WeightAverage()
@@ -1174,6 +1212,7 @@ def _train_and_score(
     else:
         average.load_into(trainer.model)
         together = soup_record(members)
+        together["soup"] |= keep_soup_or_best_run(trainer, members, splits["validation"], config.best_metric)
         log_history = [entry | {"run": k} for k, m in enumerate(members) for entry in m.log_history]
     results = {
         "labels": label_names,
