@@ -88,7 +88,7 @@ POOLING_BY_WIDTH = ((128, "mean"), (math.inf, "cls"))
 POOLING_WORDS = {"cls": "BERT's pooled [CLS] vector", "mean": "the mean of the real tokens", "max": "each feature's largest value over the real tokens"}
 # Fine-tuning runs averaged into the kept model when --soup is not given (`WeightAverage`), by hidden
 # size H, as (largest H, runs): five for `tiny`, better than one run on IMDB (+0.9 over six seeds, five
-# better) and BBC News (+0.55, three of three) (DOCS); one above, where five runs cost five times a larger model's fine-tuning and were not measured.
+# better) and BBC News (+0.45 over six seeds, four better, one level) (DOCS); one above, where five runs cost five times a larger model's fine-tuning and were not measured.
 SOUP_BY_WIDTH = ((128, 5), (math.inf, 1))
 # Evaluations without a better `best_metric` before training stops; None: every epoch runs
 # (patience 2 saved a third to a half of the steps at accuracy within the noise: time only, DOCS).
