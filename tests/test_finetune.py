@@ -286,6 +286,7 @@ def test_text_loss_trains_on_the_mean_of_a_texts_windows(tokenizer, tmp_path):
     from transformers import TrainingArguments
 
     trainer = make_trainer(model, tokenizer, TrainingArguments(output_dir=str(tmp_path), report_to="none"), texts, data_collator=collate, trainer_class=TextLossTrainer)
+    batch = {name: tensor.to(model.device) for name, tensor in batch.items()}  # Trainer put the model on its device (a GPU where there is one)
     loss, outputs = trainer.compute_loss(model, dict(batch), return_outputs=True)
     window_logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], token_type_ids=batch["token_type_ids"]).logits
     means = torch.stack([window_logits[0], window_logits[1:4].mean(0), window_logits[4]])  # each text's mean (B, K)
