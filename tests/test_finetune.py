@@ -613,7 +613,7 @@ def test_a_soup_keeps_the_mean_of_its_runs_best_epochs_and_its_first_run_is_the_
     assert soup["schedule"]["soup"] == 3 and soup["schedule"]["chosen_by"]["soup"] == "given"
     runs = soup["soup"]["members"]
     assert soup["soup"]["runs"] == 3 and [run["seed"] for run in runs] == [7, 8, 9] and soup["best_checkpoint"] is None
-    assert soup["soup"]["kept"] == "soup" and soup["soup"]["validation_loss"] <= soup["soup"]["worst_run_validation_loss"]
+    assert soup["soup"]["kept"] == "soup" and soup["soup"]["validation"]["loss"] <= soup["soup"]["worst_run_validation_loss"]
     assert soup["soup"]["worst_run_validation_loss"] == max(run["validation"]["loss"] for run in runs)
     kept = [load_file(Path(run["best_checkpoint"]) / "model.safetensors") for run in runs]
     assert all(Path(run["best_checkpoint"]).parent == tmp_path / "soup" / "checkpoints" / f"run-{k}" for k, run in enumerate(runs))
@@ -624,7 +624,7 @@ def test_a_soup_keeps_the_mean_of_its_runs_best_epochs_and_its_first_run_is_the_
         torch.testing.assert_close(tensor, mean, rtol=1e-6, atol=1e-7, msg=name)
 
     # The validation and test scores are the soup's, as a reloaded model gives them; each run's are kept beside them.
-    assert soup["validation"]["loss"] == pytest.approx(soup["soup"]["validation_loss"])
+    assert {name: soup["validation"][name] for name in soup["soup"]["validation"]} == pytest.approx(soup["soup"]["validation"])  # the check scored what the results report
     model = AutoModelForSequenceClassification.from_pretrained(tmp_path / "soup", trust_remote_code=True)
     tokenizer = AutoTokenizer.from_pretrained(tmp_path / "soup")
     rows = list(csv.DictReader(open(test)))
@@ -655,15 +655,17 @@ def test_a_soup_of_runs_from_random_weights_keeps_the_best_run_and_says_so(tmp_p
             soup=5, **options,
         )  # fmt: skip
     runs, record = results["soup"]["members"], results["soup"]
-    assert record["validation_loss"] > record["worst_run_validation_loss"] == max(run["validation"]["loss"] for run in runs)
+    assert record["validation"]["loss"] > record["worst_run_validation_loss"] == max(run["validation"]["loss"] for run in runs)
     best = max(range(5), key=lambda k: (runs[k]["validation"]["macro_f1"], -runs[k]["validation"]["loss"]))
     assert record["kept"] == f"run {best}"
     saved, chosen = load_file(tmp_path / "out" / "model.safetensors"), load_file(Path(runs[best]["best_checkpoint"]) / "model.safetensors")
     assert all(torch.equal(saved[name], chosen[name]) for name in chosen)  # the run itself, as it was kept
     assert results["validation"]["macro_f1"] == pytest.approx(runs[best]["validation"]["macro_f1"])
+    assert set(record["validation"]) == {"loss", "accuracy", "macro_f1", "top_class_share"}  # the soup's own scores, kept beside the run's
     assert results["test"]["macro_f1"] == pytest.approx(runs[best]["validation"]["macro_f1"])  # the test file is the validation file
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "SOUP NOT KEPT" in r.getMessage()]
     assert len(warnings) == 1 and f"Keeping run {best} (seed {best})" in warnings[0] and "--soup 1" in warnings[0]
+    assert f"the soup's macro_f1 {record['validation']['macro_f1']:.4f}" in warnings[0]
 
 
 def test_soup_option_is_parsed_and_checked():

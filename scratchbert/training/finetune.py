@@ -1167,22 +1167,24 @@ def keep_soup_or_best_run(trainer, members: list[Member], validation, best_metri
     soup of five random-weight runs validated above its runs and tested 1.2 points under the first (DOCS).
 
     Returns:
-        {"kept": "soup" or "run k", "validation_loss": the soup's, "worst_run_validation_loss"}
+        {"kept": "soup" or "run k", "validation": the soup's validation scores (loss, accuracy, macro_f1,
+        top_class_share), kept or not, "worst_run_validation_loss"}
     """
     from safetensors.torch import load_file
 
     trainer.compute_metrics = document_metrics(validation["document"])
-    soup_loss = trainer.predict(validation, metric_key_prefix="eval").metrics["eval_loss"]
+    metrics = unprefixed(trainer.predict(validation, metric_key_prefix="eval").metrics, "eval_")
+    scores = {name: value for name, value in metrics.items() if name != "runtime" and not name.endswith("per_second")}
     worst = max(m.validation["loss"] for m in members)
-    record = {"validation_loss": soup_loss, "worst_run_validation_loss": worst}
-    if soup_loss <= worst:
+    record = {"validation": scores, "worst_run_validation_loss": worst}
+    if scores["loss"] <= worst:
         return record | {"kept": "soup"}
     best = max(range(len(members)), key=lambda k: (members[k].validation[best_metric], -members[k].validation["loss"]))
     trainer.model.load_state_dict(load_file(str(Path(members[best].best_checkpoint) / "model.safetensors")), strict=False)
     logger.warning(
-        "SOUP NOT KEPT: the mean of the %d runs' weights has validation loss %.3f, above every run's (the worst: %.3f): %s "
-        "Keeping run %d (seed %d), the best on validation (%s %.4f).", len(members), soup_loss, worst, SOUP_FALLBACK_ADVICE,
-        best, members[best].seed, best_metric, members[best].validation[best_metric],
+        "SOUP NOT KEPT: the mean of the %d runs' weights has validation loss %.3f, above every run's (the worst: %.3f; "
+        "the soup's %s %.4f): %s Keeping run %d (seed %d), the best on validation (%s %.4f).", len(members), scores["loss"], worst,
+        best_metric, scores[best_metric], SOUP_FALLBACK_ADVICE, best, members[best].seed, best_metric, members[best].validation[best_metric],
     )  # fmt: skip
     return record | {"kept": f"run {best}"}
 
