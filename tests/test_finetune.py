@@ -643,9 +643,20 @@ def test_a_soup_keeps_the_mean_of_its_runs_best_epochs_and_its_first_run_is_the_
     assert single["schedule"]["soup"] == 1 and "soup" not in single and single["best_checkpoint"].startswith(str(tmp_path / "single" / "checkpoints" / "checkpoint-"))
 
 
-def test_a_soup_of_runs_from_random_weights_keeps_the_best_run_and_says_so(tmp_path, caplog, scratch_checkpoint):
-    """Fine-tuned from random weights, the runs end in different basins and their mean validates worse than
-    every one of them: the run with the best validation score is kept instead, and the log says why."""
+def test_a_soup_that_falls_to_a_constant_guess_keeps_the_best_run_and_says_so(tmp_path, caplog, scratch_checkpoint, monkeypatch):
+    """A soup that validates worse than every one of its runs (here made a constant guess: the averaged
+    classifier zeroed) is not kept: the run with the best validation score is, saved, validated and tested in
+    its place, and the log says why."""
+    from scratchbert.training.finetune import WeightAverage
+
+    average = WeightAverage.load_into
+
+    def constant_guess(self, model):
+        average(self, model)
+        torch.nn.init.zeros_(model.classifier.weight)
+        torch.nn.init.zeros_(model.classifier.bias)
+
+    monkeypatch.setattr(WeightAverage, "load_into", constant_guess)
     train = write_csv(tmp_path / "train.csv", keyword_in_the_middle_rows(192, seed=1))
     validation = write_csv(tmp_path / "validation.csv", keyword_in_the_middle_rows(64, seed=2))
     options = dict(epochs=6, learning_rate=3e-3, max_length=8, windows=3, seed=0, full_determinism=True, show_progress=False)
@@ -655,6 +666,7 @@ def test_a_soup_of_runs_from_random_weights_keeps_the_best_run_and_says_so(tmp_p
             soup=5, **options,
         )  # fmt: skip
     runs, record = results["soup"]["members"], results["soup"]
+    assert record["validation"]["loss"] == pytest.approx(np.log(2))  # a constant guess over two classes
     assert record["validation"]["loss"] > record["worst_run_validation_loss"] == max(run["validation"]["loss"] for run in runs)
     best = max(range(5), key=lambda k: (runs[k]["validation"]["macro_f1"], -runs[k]["validation"]["loss"]))
     assert record["kept"] == f"run {best}"
@@ -666,6 +678,42 @@ def test_a_soup_of_runs_from_random_weights_keeps_the_best_run_and_says_so(tmp_p
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "SOUP NOT KEPT" in r.getMessage()]
     assert len(warnings) == 1 and f"Keeping run {best} (seed {best})" in warnings[0] and "--soup 1" in warnings[0]
     assert f"the soup's macro_f1 {record['validation']['macro_f1']:.4f}" in warnings[0]
+
+
+def test_a_soup_that_validates_worse_than_every_run_keeps_the_best_run_and_says_so(tmp_path, caplog):
+    """`keep_soup_or_best_run` on its own: a soup whose validation loss is above every run's is replaced by the run
+    with the best `best_metric` (ties: the lower loss), loaded from that run's kept checkpoint, with a warning that
+    names both scores; a soup at or under the worst run's loss is kept as it is. The soup's own scores are recorded
+    either way."""
+    from types import SimpleNamespace
+
+    from safetensors.torch import save_file
+
+    from scratchbert.training.finetune import Member, keep_soup_or_best_run
+
+    members = []
+    for k, (loss, score) in enumerate([(0.4, 0.80), (0.3, 0.90), (0.5, 0.90)]):
+        folder = tmp_path / f"run-{k}"
+        folder.mkdir()
+        save_file({"weight": torch.full((2, 2), float(k)), "bias": torch.zeros(2)}, folder / "model.safetensors")
+        members.append(Member(7 + k, {}, {"loss": loss, "accuracy": score, "macro_f1": score}, str(folder), {}, []))
+
+    def check(soup_loss: float):
+        model = torch.nn.Linear(2, 2)
+        torch.nn.init.constant_(model.weight, -1.0)  # the soup's weights
+        scores = {"eval_loss": soup_loss, "eval_accuracy": 0.5, "eval_macro_f1": 0.33, "eval_top_class_share": 1.0, "eval_runtime": 0.1}
+        trainer = SimpleNamespace(model=model, compute_metrics=None, predict=lambda data, metric_key_prefix: SimpleNamespace(metrics=scores))
+        return keep_soup_or_best_run(trainer, members, {"document": [0, 1]}, "macro_f1"), model
+
+    with caplog.at_level("WARNING"):
+        record, model = check(0.9)
+    assert record == {"kept": "run 1", "worst_run_validation_loss": 0.5, "validation": {"loss": 0.9, "accuracy": 0.5, "macro_f1": 0.33, "top_class_share": 1.0}}
+    assert torch.equal(model.weight, torch.ones(2, 2))  # run 1's kept checkpoint, loaded in place of the soup
+    warnings = [r.getMessage() for r in caplog.records if "SOUP NOT KEPT" in r.getMessage()]
+    assert len(warnings) == 1 and "Keeping run 1 (seed 8)" in warnings[0] and "the soup's macro_f1 0.3300" in warnings[0] and "--soup 1" in warnings[0]
+
+    record, model = check(0.5)  # no worse than the worst run: the soup stays
+    assert record["kept"] == "soup" and torch.equal(model.weight, torch.full((2, 2), -1.0))
 
 
 def test_soup_option_is_parsed_and_checked():

@@ -88,7 +88,9 @@ POOLING_BY_WIDTH = ((128, "mean"), (math.inf, "cls"))
 POOLING_WORDS = {"cls": "BERT's pooled [CLS] vector", "mean": "the mean of the real tokens", "max": "each feature's largest value over the real tokens"}
 # Fine-tuning runs averaged into the kept model when --soup is not given (`WeightAverage`), by hidden
 # size H, as (largest H, runs): five for `tiny`, better than one run on IMDB (+0.9 over six seeds, five
-# better) and BBC News (+0.45 over six seeds, four better, one level) (DOCS); one above, where five runs cost five times a larger model's fine-tuning and were not measured.
+# better) and BBC News (+0.45 over six seeds, four better, one level) (DOCS); one above: an L2/H256 soup
+# gained on both sets (+1.2 on IMDB; +0.3 on BBC News, its runs sharing one head), every seed of three, but costs five times a run
+# that already takes twice tiny's, and one model of that width is not every width above 128.
 SOUP_BY_WIDTH = ((128, 5), (math.inf, 1))
 # Evaluations without a better `best_metric` before training stops; None: every epoch runs
 # (patience 2 saved a third to a half of the steps at accuracy within the noise: time only, DOCS).
@@ -1058,7 +1060,11 @@ def unprefixed(metrics: dict, prefix: str) -> dict:
 
 def _train_member(config: FinetuneConfig, model_class, tokenizer, splits, label_names, schedule: dict, checkpoints: Path, seed: int):
     """Train one classifier from `config.checkpoint` with `seed`, evaluating each epoch. -> (`Member`, its
-    Trainer, which holds the kept epoch's model: Trainer reloads the best at the end)."""
+    Trainer, which holds the kept epoch's model: Trainer reloads the best at the end).
+
+    Each run of a soup draws its new head from its own `seed` (one shared start was measured: level
+    for `tiny`, worse from random weights; DOCS).
+    """
     from transformers import TrainingArguments, set_seed
 
     set_seed(seed)  # the new head's initialisation and the data order
