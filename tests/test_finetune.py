@@ -25,6 +25,7 @@ from transformers import (
     BertForMaskedLM,
     BertForSequenceClassification,
     DataCollatorForTokenClassification,
+    DataCollatorWithPadding,
     EvalPrediction,
     TrainerCallback,
     TrainingArguments,
@@ -53,6 +54,7 @@ from scratchbert.training.finetune import (
     classifier_pooling_of,
     classify_texts,
     collapse_of,
+    default_adversarial,
     default_learning_rate,
     default_pooling,
     default_soup,
@@ -71,6 +73,7 @@ from scratchbert.training.finetune import (
     tokenize_splits,
     windows_of,
 )
+from scratchbert.training.adversarial import adversarial_step, adversarial_trainer, word_vector_length
 from scratchbert.training.text_loss import TextLossTrainer, TextWindowsCollator, texts_of_windows
 
 REPO = Path(__file__).resolve().parents[1]
@@ -296,6 +299,86 @@ def test_text_loss_trains_on_the_mean_of_a_texts_windows(tokenizer, tmp_path):
         FinetuneConfig("ckpt", output_dir="out", window_loss="document")
 
 
+def test_the_adversarial_step_has_norm_eps_along_each_examples_gradient():
+    torch.manual_seed(0)
+    grad = torch.randn(3, 5, 4)
+    grad[1] = 0.0  # an example whose loss does not move with its embeddings
+    grad[2, 3:] = 0.0  # padding: no gradient
+    step = adversarial_step(grad, 0.3)
+    torch.testing.assert_close(step.flatten(1).norm(dim=1), torch.tensor([0.3, 0.0, 0.3]))
+    torch.testing.assert_close(step[0] / step[0].norm(), grad[0] / grad[0].norm())  # along the gradient
+    assert torch.equal(step[1], torch.zeros(5, 4)) and torch.equal(step[2, 3:], torch.zeros(2, 4))
+
+
+def adversarial_batch(tokenizer, model):
+    batch = DataCollatorWithPadding(tokenizer)([tokenizer(row["text"]) | {"labels": int(row["label"] == "pos")} for row in sentiment_rows(6, seed=3)])
+    return {name: tensor.to(model.device) for name, tensor in batch.items()}
+
+
+def test_adversarial_training_adds_the_loss_at_the_moved_word_embeddings(tokenizer, tmp_path):
+    torch.manual_seed(0)
+    model = ScratchBertForSequenceClassification(tiny_config(num_labels=2, classifier_pooling="mean", **NO_DROPOUT))
+    trainer = make_trainer(model, tokenizer, TrainingArguments(output_dir=str(tmp_path), report_to="none"), trainer_class=adversarial_trainer(None, 0.5))
+    batch = adversarial_batch(tokenizer, model)
+    model.train()
+    loss = trainer.compute_loss(model, dict(batch))
+    loss.backward()
+    trained = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad()
+
+    # By hand: the loss at the embeddings, its gradient there, the loss a step along it of norm 0.5
+    # average word vectors (the mean norm of the table's rows).
+    table = model.get_input_embeddings().weight
+    length = table.detach().norm(dim=1).mean()
+    torch.testing.assert_close(word_vector_length(model.get_input_embeddings()), length)
+    rest = {name: tensor for name, tensor in batch.items() if name != "input_ids"}
+    embeddings = model.get_input_embeddings()(batch["input_ids"])
+    plain = model(inputs_embeds=embeddings, **rest).loss
+    torch.testing.assert_close(plain, model(**batch).loss)  # the same model whether it reads ids or their embeddings
+    (grad,) = torch.autograd.grad(plain, embeddings, retain_graph=True)
+    moved = model(inputs_embeds=embeddings + 0.5 * length * grad / grad.flatten(1).norm(dim=1)[:, None, None], **rest).loss
+    torch.testing.assert_close(loss, plain + moved)
+    assert moved > plain  # the step raises the loss: it goes where the loss grows
+    (plain + moved).backward()
+    for name, p in model.named_parameters():  # the step is a constant: no gradient flows through it
+        torch.testing.assert_close(trained[name], p.grad, msg=name)
+
+    model.eval()  # evaluation is scored on the examples as they are
+    torch.testing.assert_close(trainer.compute_loss(model, dict(batch)), model(**batch).loss)
+    model.train()
+    off = make_trainer(model, tokenizer, TrainingArguments(output_dir=str(tmp_path), report_to="none"), trainer_class=adversarial_trainer(None, 0.0))
+    torch.testing.assert_close(off.compute_loss(model, dict(batch)), model(**batch).loss)
+
+
+def test_adversarial_training_composes_with_the_text_loss(tokenizer, tmp_path):
+    splits = DatasetDict({"train": Dataset.from_dict({"text": ["good w1", " ".join(FILLERS[:10]), "bad"], "labels": [1, 0, 0]})})
+    texts = texts_of_windows(tokenize_splits(splits, tokenizer, "text", None, max_length=6, truncation="head+tail", windows=3)["train"])
+    batch = TextWindowsCollator(tokenizer)([texts[i] for i in range(3)])
+    torch.manual_seed(0)
+    model = ScratchBertForSequenceClassification(tiny_config(num_labels=2, classifier_pooling="mean", **NO_DROPOUT))
+    args = TrainingArguments(output_dir=str(tmp_path), report_to="none")
+    both = make_trainer(model, tokenizer, args, texts, trainer_class=adversarial_trainer(TextLossTrainer, 0.5))
+    assert isinstance(both, TextLossTrainer)
+    batch = {name: tensor.to(model.device) for name, tensor in batch.items()}
+    model.train()
+    text_loss = make_trainer(model, tokenizer, args, texts, trainer_class=TextLossTrainer).compute_loss(model, dict(batch))
+    loss = both.compute_loss(model, dict(batch))
+    assert text_loss < loss < 3 * text_loss  # the text loss, plus the text loss a small step away
+
+
+def test_the_adversarial_step_by_width_given_and_checked():
+    assert default_adversarial(32) == default_adversarial(128) == 0.12 and default_adversarial(256) == default_adversarial(768) == 0.0
+    config = FinetuneConfig("ckpt", output_dir="out")
+    schedule = fitted_schedule(config, hidden_size=128, train_rows=2000)
+    assert schedule["adversarial"] == 0.12 and schedule["chosen_by"]["adversarial"] == "default for hidden size 128"
+    assert fitted_schedule(config, hidden_size=384, train_rows=2000)["adversarial"] == 0.0
+    given = fitted_schedule(FinetuneConfig("ckpt", output_dir="out", adversarial=0), hidden_size=128, train_rows=2000)
+    assert given["adversarial"] == 0.0 and given["chosen_by"]["adversarial"] == "given"
+    for bad in (-0.1, float("inf"), "0.3", True):
+        with pytest.raises(ValueError, match=r"adversarial=.*: it must be the norm of the step on the word embeddings, 0 \(off\) or more \(--adversarial\)"):
+            FinetuneConfig("ckpt", output_dir="out", adversarial=bad)
+
+
 def test_label_names_from_strings_integers_and_class_labels():
     strings = DatasetDict(train=Dataset.from_dict({"label": ["pos", "neg", "pos"]}), validation=Dataset.from_dict({"label": ["neutral"]}))
     assert label_names_of(strings, "label") == ["neg", "neutral", "pos"]
@@ -423,7 +506,7 @@ def test_finetune_cli_trains_saves_and_serves_a_pipeline(tmp_path, capsys, cli_m
     assert results["collapsed"] is None and json.loads(printed.strip().splitlines()[-1])["collapsed"] is None
     # the flags win over the defaults fitted to the model and the data
     assert results["schedule"]["learning_rate"] == 3e-3 and results["schedule"]["epochs"] == 6
-    assert results["schedule"]["chosen_by"] == {"learning_rate": "given", "epochs": "given", "soup": "default for hidden size 32"}
+    assert results["schedule"]["chosen_by"] == {"learning_rate": "given", "epochs": "given", "soup": "default for hidden size 32", "adversarial": "default for hidden size 32"}
     assert results["schedule"]["soup"] == 5 and results["soup"]["runs"] == 5  # the model a user gets: a soup of five runs
     assert results["inputs"]["truncation"] == "head+tail" and results["inputs"]["max_length"] == 64  # the default, capped by the model's 64 positions
     assert results["test"]["accuracy"] == results["validation"]["accuracy"]  # same rows, same (best) model
@@ -498,7 +581,7 @@ def test_defaults_follow_the_model_width_and_the_number_of_examples():
     assert accumulated["steps_per_epoch"] == 13 and accumulated["epochs"] == 8
     given = fitted_schedule(FinetuneConfig("ckpt", output_dir="out", learning_rate=1e-5, epochs=1), 128, 405)
     assert (given["learning_rate"], given["epochs"], given["optimizer_steps"]) == (1e-5, 1, 26)
-    assert given["chosen_by"] == {"learning_rate": "given", "epochs": "given", "soup": "default for hidden size 128"} and given["soup"] == 5
+    assert given["chosen_by"] == {"learning_rate": "given", "epochs": "given", "soup": "default for hidden size 128", "adversarial": "default for hidden size 128"} and given["soup"] == 5
     # A soup of five runs for `tiny`, measured on two sets; wider models train once (five runs of them were not measured).
     assert (default_soup(128), default_soup(256), default_soup(768)) == (5, 1, 1)
     assert fitted_schedule(FinetuneConfig("ckpt", output_dir="out", soup=2), 768, 405)["soup"] == 2  # a given value wins
@@ -535,7 +618,7 @@ def test_a_config_file_sets_what_the_defaults_would_and_flags_win_over_it(tmp_pa
     path.write_text("learning_rate: 2.0e-4\nepochs: 5\n")
     config, sources = FinetuneConfig.resolve(read_config_file(path), {"checkpoint": "ckpt", "output_dir": "out", "learning_rate": 1e-3})
     assert (config.learning_rate, config.epochs) == (1e-3, 5) and sources["learning_rate"] == "flag" and sources["epochs"] == "file"
-    assert fitted_schedule(config, 128, 405)["chosen_by"] == {"learning_rate": "given", "epochs": "given", "soup": "default for hidden size 128"}
+    assert fitted_schedule(config, 128, 405)["chosen_by"] == {"learning_rate": "given", "epochs": "given", "soup": "default for hidden size 128", "adversarial": "default for hidden size 128"}
 
 
 def test_collapse_is_one_class_predicted_where_the_labels_are_spread():

@@ -92,6 +92,11 @@ POOLING_WORDS = {"cls": "BERT's pooled [CLS] vector", "mean": "the mean of the r
 # gained on both sets (+1.2 on IMDB; +0.3 on BBC News, its runs sharing one head), every seed of three, but costs five times a run
 # that already takes twice tiny's, and one model of that width is not every width above 128.
 SOUP_BY_WIDTH = ((128, 5), (math.inf, 1))
+# The norm of the adversarial step on each example's word embeddings, in lengths of an average word
+# vector, when --adversarial is not given (`adversarial.py`), by hidden size H, as (largest H, step):
+# 0.12 for `tiny` (better than plain runs on IMDB and BBC News, DOCS; 0.4 was worse); 0, off, above:
+# no wider model was measured with it.
+ADVERSARIAL_BY_WIDTH = ((128, 0.12), (math.inf, 0.0))
 # Evaluations without a better `best_metric` before training stops; None: every epoch runs
 # (patience 2 saved a third to a half of the steps at accuracy within the noise: time only, DOCS).
 DEFAULT_EARLY_STOPPING_PATIENCE = None
@@ -756,6 +761,10 @@ class FinetuneConfig(ConfigFile):
         default=None,
         metadata={"help": f"fine-tune N times on the same labels and validation slice (seeds --seed, --seed + 1, ...) and keep the average of the N kept models' weights: one model of the same size (a model soup; default: by the model's hidden size, {SOUP_BY_WIDTH[0][1]} up to {SOUP_BY_WIDTH[0][0]}, else 1: {DOCS})"},
     )  # fmt: skip
+    adversarial: float | None = field(
+        default=None,
+        metadata={"metavar": "EPS", "help": f"adversarial training: add to each step's loss the loss at each example's word embeddings moved along its gradient, a step of EPS times the length of an average word vector (Miyato et al. 2017; about twice the compute of a step); 0: off (default: by the model's hidden size, {ADVERSARIAL_BY_WIDTH[0][1]} up to {ADVERSARIAL_BY_WIDTH[0][0]}, else 0: {DOCS})"},
+    )  # fmt: skip
     reinit_head: bool = field(default=False, metadata={"help": "train a new head even if the checkpoint has one"})
     seed: int = field(default=42, metadata={"help": "seed of the new head, the data order and dropout (of a soup's first run)"})
     full_determinism: bool = field(
@@ -795,6 +804,9 @@ class FinetuneConfig(ConfigFile):
             raise ScratchBertError(f"early_stopping_patience={patience!r}: it must be a whole number of evaluations, 0 (off) or more (--early-stopping-patience).")
         if self.soup is not None and (isinstance(self.soup, bool) or not isinstance(self.soup, int) or self.soup < 1):
             raise ScratchBertError(f"soup={self.soup!r}: it must be a whole number of fine-tuning runs, 1 or more (--soup).")
+        eps = self.adversarial
+        if eps is not None and (isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 <= eps < math.inf):
+            raise ScratchBertError(f"adversarial={eps!r}: it must be the norm of the step on the word embeddings, 0 (off) or more (--adversarial).")
         if self.pooling is not None and self.pooling not in CLASSIFIER_POOLINGS:
             raise ScratchBertError(f"pooling must be one of {', '.join(CLASSIFIER_POOLINGS)}, got {self.pooling!r} (--pooling).")
         if self.windows is not None and (isinstance(self.windows, bool) or not isinstance(self.windows, int) or self.windows < 1):
@@ -823,6 +835,11 @@ def default_learning_rate(hidden_size: int) -> float:
     return next(rate for width, rate in LEARNING_RATES_BY_WIDTH if hidden_size <= width)
 
 
+def default_adversarial(hidden_size: int) -> float:
+    """The adversarial step's norm for an encoder of width `hidden_size` (`ADVERSARIAL_BY_WIDTH`); 0: off."""
+    return next(eps for width, eps in ADVERSARIAL_BY_WIDTH if hidden_size <= width)
+
+
 def default_soup(hidden_size: int) -> int:
     """The fine-tuning runs averaged into the kept model for an encoder of width `hidden_size` (`SOUP_BY_WIDTH`)."""
     return next(runs for width, runs in SOUP_BY_WIDTH if hidden_size <= width)
@@ -841,10 +858,11 @@ def fitted_schedule(config: FinetuneConfig, hidden_size: int, train_rows: int) -
     as many whole epochs as it takes to make `config.min_steps` optimizer steps: 400 labelled
     examples in batches of 16 make 25 steps an epoch, too few updates in 3 epochs for a small
     model to leave the majority class. The runs averaged into the kept model are `config.soup`, or
-    follow the model's width (`default_soup`); "optimizer_steps" counts one run's.
+    follow the model's width (`default_soup`), and so does the adversarial step (`default_adversarial`) unless
+    `config.adversarial` is given; "optimizer_steps" counts one run's.
 
     Returns:
-        {"learning_rate", "epochs", "optimizer_steps", "steps_per_epoch", "soup", "chosen_by": {option: why}}
+        {"learning_rate", "epochs", "optimizer_steps", "steps_per_epoch", "soup", "adversarial", "chosen_by": {option: why}}
     """
     per_epoch = optimizer_steps_per_epoch(train_rows, config.batch_size, config.gradient_accumulation_steps)
     chosen_by = {}
@@ -865,12 +883,19 @@ def fitted_schedule(config: FinetuneConfig, hidden_size: int, train_rows: int) -
         chosen_by["soup"] = f"default for hidden size {hidden_size}"
     else:
         chosen_by["soup"] = "given"
+    adversarial = config.adversarial
+    if adversarial is None:
+        adversarial = default_adversarial(hidden_size)
+        chosen_by["adversarial"] = f"default for hidden size {hidden_size}"
+    else:
+        chosen_by["adversarial"] = "given"
     return {
         "learning_rate": learning_rate,
         "epochs": epochs,
         "optimizer_steps": math.ceil(epochs * per_epoch),
         "steps_per_epoch": per_epoch,
         "soup": soup,
+        "adversarial": float(adversarial),
         "chosen_by": chosen_by,
     }
 
@@ -1032,9 +1057,9 @@ def finetune(config: FinetuneConfig, model_class=None) -> dict[str, Any]:
 
     schedule = fitted_schedule(config, model_config.get("hidden_size", 768), len(splits["train"]))
     logger.info(
-        "learning rate %g (%s), %g epochs of %d optimizer steps (%s), %d run%s averaged into the kept model (%s)", schedule["learning_rate"],
-        schedule["chosen_by"]["learning_rate"], schedule["epochs"], schedule["steps_per_epoch"], schedule["chosen_by"]["epochs"],
-        schedule["soup"], "s" if schedule["soup"] > 1 else "", schedule["chosen_by"]["soup"],
+        "learning rate %g (%s), %g epochs of %d optimizer steps (%s), %d run%s averaged into the kept model (%s), adversarial step %g (%s)",
+        schedule["learning_rate"], schedule["chosen_by"]["learning_rate"], schedule["epochs"], schedule["steps_per_epoch"], schedule["chosen_by"]["epochs"],
+        schedule["soup"], "s" if schedule["soup"] > 1 else "", schedule["chosen_by"]["soup"], schedule["adversarial"], schedule["chosen_by"]["adversarial"],
     )  # fmt: skip
 
     with determinism_restored():
@@ -1096,14 +1121,18 @@ def _train_member(config: FinetuneConfig, model_class, tokenizer, splits, label_
     callbacks = [stopper] if stopper else []
     if config.ties == "latest":
         callbacks.append(LatestOfEqualEpochs(config.best_metric))  # after the stopper: it must see the tie as a tie
-    text_loss = {}
+    trainer_options = {}  # the loss's Trainer class and collator, where an option changes them
     if config.window_loss == "text":
         from scratchbert.training.text_loss import TextLossTrainer, TextWindowsCollator
 
-        text_loss = {"data_collator": TextWindowsCollator(tokenizer), "trainer_class": TextLossTrainer}
+        trainer_options = {"data_collator": TextWindowsCollator(tokenizer), "trainer_class": TextLossTrainer}
+    if schedule["adversarial"]:
+        from scratchbert.training.adversarial import adversarial_trainer
+
+        trainer_options["trainer_class"] = adversarial_trainer(trainer_options.get("trainer_class"), schedule["adversarial"])
     trainer = make_trainer(
         model, tokenizer, args, splits["train"], splits["validation"], compute_metrics=document_metrics(splits["validation"]["document"]),
-        callbacks=callbacks, **text_loss,
+        callbacks=callbacks, **trainer_options,
     )  # fmt: skip
     train_output = trainer.train()
     # The best epoch's validation metrics were logged when it was evaluated; no need to evaluate again.
