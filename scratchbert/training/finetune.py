@@ -830,19 +830,28 @@ def _check_output_dir(output_dir: Path, overwrite: bool) -> None:
         )
 
 
+def by_width(table: tuple, hidden_size: int):
+    """The value of a (largest hidden size, value) table (`*_BY_WIDTH`) for an encoder of width `hidden_size`."""
+    return next(value for width, value in table if hidden_size <= width)
+
+
 def default_learning_rate(hidden_size: int) -> float:
     """The peak learning rate for an encoder of width `hidden_size` (`LEARNING_RATES_BY_WIDTH`)."""
-    return next(rate for width, rate in LEARNING_RATES_BY_WIDTH if hidden_size <= width)
+    return by_width(LEARNING_RATES_BY_WIDTH, hidden_size)
 
 
 def default_adversarial(hidden_size: int) -> float:
     """The adversarial step's norm for an encoder of width `hidden_size` (`ADVERSARIAL_BY_WIDTH`); 0: off."""
-    return next(eps for width, eps in ADVERSARIAL_BY_WIDTH if hidden_size <= width)
+    return by_width(ADVERSARIAL_BY_WIDTH, hidden_size)
 
 
 def default_soup(hidden_size: int) -> int:
     """The fine-tuning runs averaged into the kept model for an encoder of width `hidden_size` (`SOUP_BY_WIDTH`)."""
-    return next(runs for width, runs in SOUP_BY_WIDTH if hidden_size <= width)
+    return by_width(SOUP_BY_WIDTH, hidden_size)
+
+
+# The options of `fitted_schedule` that follow the model's width when not given, and their defaults.
+WIDTH_DEFAULTS = {"learning_rate": default_learning_rate, "soup": default_soup, "adversarial": default_adversarial}
 
 
 def optimizer_steps_per_epoch(train_rows: int, batch_size: int, gradient_accumulation_steps: int = 1) -> int:
@@ -866,36 +875,24 @@ def fitted_schedule(config: FinetuneConfig, hidden_size: int, train_rows: int) -
     """
     per_epoch = optimizer_steps_per_epoch(train_rows, config.batch_size, config.gradient_accumulation_steps)
     chosen_by = {}
-    learning_rate, epochs = config.learning_rate, config.epochs
-    if learning_rate is None:
-        learning_rate = default_learning_rate(hidden_size)
-        chosen_by["learning_rate"] = f"default for hidden size {hidden_size}"
-    else:
-        chosen_by["learning_rate"] = "given"
+    fitted = {}
+    for name, default in WIDTH_DEFAULTS.items():
+        given = getattr(config, name)
+        fitted[name] = default(hidden_size) if given is None else given
+        chosen_by[name] = f"default for hidden size {hidden_size}" if given is None else "given"
+    epochs = config.epochs
     if epochs is None:
         epochs = max(DEFAULT_EPOCHS, math.ceil(config.min_steps / per_epoch))
         chosen_by["epochs"] = f"default: {DEFAULT_EPOCHS}, or enough for --min-steps {config.min_steps}"
     else:
         chosen_by["epochs"] = "given"
-    soup = config.soup
-    if soup is None:
-        soup = default_soup(hidden_size)
-        chosen_by["soup"] = f"default for hidden size {hidden_size}"
-    else:
-        chosen_by["soup"] = "given"
-    adversarial = config.adversarial
-    if adversarial is None:
-        adversarial = default_adversarial(hidden_size)
-        chosen_by["adversarial"] = f"default for hidden size {hidden_size}"
-    else:
-        chosen_by["adversarial"] = "given"
     return {
-        "learning_rate": learning_rate,
+        "learning_rate": fitted["learning_rate"],
         "epochs": epochs,
         "optimizer_steps": math.ceil(epochs * per_epoch),
         "steps_per_epoch": per_epoch,
-        "soup": soup,
-        "adversarial": float(adversarial),
+        "soup": fitted["soup"],
+        "adversarial": float(fitted["adversarial"]),
         "chosen_by": chosen_by,
     }
 
