@@ -54,7 +54,6 @@ from scratchbert.training.finetune import (
     classifier_pooling_of,
     classify_texts,
     collapse_of,
-    default_adversarial,
     default_learning_rate,
     default_pooling,
     default_soup,
@@ -366,17 +365,30 @@ def test_adversarial_training_composes_with_the_text_loss(tokenizer, tmp_path):
     assert text_loss < loss < 3 * text_loss  # the text loss, plus the text loss a small step away
 
 
-def test_the_adversarial_step_by_width_given_and_checked():
-    assert default_adversarial(32) == default_adversarial(128) == 0.12 and default_adversarial(256) == default_adversarial(768) == 0.0
+def test_the_adversarial_step_is_off_unless_given_and_checked():
     config = FinetuneConfig("ckpt", output_dir="out")
-    schedule = fitted_schedule(config, hidden_size=128, train_rows=2000)
-    assert schedule["adversarial"] == 0.12 and schedule["chosen_by"]["adversarial"] == "default for hidden size 128"
-    assert fitted_schedule(config, hidden_size=384, train_rows=2000)["adversarial"] == 0.0
-    given = fitted_schedule(FinetuneConfig("ckpt", output_dir="out", adversarial=0), hidden_size=128, train_rows=2000)
-    assert given["adversarial"] == 0.0 and given["chosen_by"]["adversarial"] == "given"
-    for bad in (-0.1, float("inf"), "0.3", True):
+    assert config.adversarial == 0.0 and fitted_schedule(config, hidden_size=128, train_rows=2000)["adversarial"] == 0.0
+    given = fitted_schedule(FinetuneConfig("ckpt", output_dir="out", adversarial=0.12), hidden_size=128, train_rows=2000)
+    assert given["adversarial"] == 0.12
+    for bad in (-0.1, float("inf"), "0.3", True, None):
         with pytest.raises(ValueError, match=r"adversarial=.*: it must be the norm of the step on the word embeddings, 0 \(off\) or more \(--adversarial\)"):
             FinetuneConfig("ckpt", output_dir="out", adversarial=bad)
+
+
+def test_finetune_with_adversarial_training_learns_and_records_its_step(tmp_path, scratch_checkpoint):
+    """`adversarial=0.12` through the whole run: the keyword task is still learned from a newly initialised table
+    (rows of norm ~0.1, where a fixed step of 0.3 stopped it learning), the step is recorded, and the run is not the
+    plain one (same seed, full determinism: other weights)."""
+    train = write_csv(tmp_path / "train.csv", sentiment_rows(96, seed=31))
+    validation = write_csv(tmp_path / "validation.csv", sentiment_rows(48, seed=32))
+    options = dict(train_files=[str(train)], validation_files=[str(validation)], epochs=6, batch_size=8, learning_rate=3e-3, soup=1, seed=5,
+                   full_determinism=True, show_progress=False, best_metric="accuracy")  # fmt: skip
+    moved = finetune_text_classification(scratch_checkpoint, tmp_path / "adversarial", adversarial=0.12, **options)
+    plain = finetune_text_classification(scratch_checkpoint, tmp_path / "plain", **options)
+    assert moved["schedule"]["adversarial"] == 0.12 and plain["schedule"]["adversarial"] == 0.0
+    assert moved["validation"]["accuracy"] > 0.9 and moved["collapsed"] is None  # chance is 0.5
+    weights = [load_file(tmp_path / name / "model.safetensors")["classifier.weight"] for name in ("adversarial", "plain")]
+    assert not torch.equal(*weights)
 
 
 def test_label_names_from_strings_integers_and_class_labels():
@@ -506,7 +518,7 @@ def test_finetune_cli_trains_saves_and_serves_a_pipeline(tmp_path, capsys, cli_m
     assert results["collapsed"] is None and json.loads(printed.strip().splitlines()[-1])["collapsed"] is None
     # the flags win over the defaults fitted to the model and the data
     assert results["schedule"]["learning_rate"] == 3e-3 and results["schedule"]["epochs"] == 6
-    assert results["schedule"]["chosen_by"] == {"learning_rate": "given", "epochs": "given", "soup": "default for hidden size 32", "adversarial": "default for hidden size 32"}
+    assert results["schedule"]["chosen_by"] == {"learning_rate": "given", "epochs": "given", "soup": "default for hidden size 32"}
     assert results["schedule"]["soup"] == 5 and results["soup"]["runs"] == 5  # the model a user gets: a soup of five runs
     assert results["inputs"]["truncation"] == "head+tail" and results["inputs"]["max_length"] == 64  # the default, capped by the model's 64 positions
     assert results["test"]["accuracy"] == results["validation"]["accuracy"]  # same rows, same (best) model
@@ -581,7 +593,7 @@ def test_defaults_follow_the_model_width_and_the_number_of_examples():
     assert accumulated["steps_per_epoch"] == 13 and accumulated["epochs"] == 8
     given = fitted_schedule(FinetuneConfig("ckpt", output_dir="out", learning_rate=1e-5, epochs=1), 128, 405)
     assert (given["learning_rate"], given["epochs"], given["optimizer_steps"]) == (1e-5, 1, 26)
-    assert given["chosen_by"] == {"learning_rate": "given", "epochs": "given", "soup": "default for hidden size 128", "adversarial": "default for hidden size 128"} and given["soup"] == 5
+    assert given["chosen_by"] == {"learning_rate": "given", "epochs": "given", "soup": "default for hidden size 128"} and given["soup"] == 5
     # A soup of five runs for `tiny`, measured on two sets; wider models train once (five runs of them were not measured).
     assert (default_soup(128), default_soup(256), default_soup(768)) == (5, 1, 1)
     assert fitted_schedule(FinetuneConfig("ckpt", output_dir="out", soup=2), 768, 405)["soup"] == 2  # a given value wins
@@ -618,7 +630,7 @@ def test_a_config_file_sets_what_the_defaults_would_and_flags_win_over_it(tmp_pa
     path.write_text("learning_rate: 2.0e-4\nepochs: 5\n")
     config, sources = FinetuneConfig.resolve(read_config_file(path), {"checkpoint": "ckpt", "output_dir": "out", "learning_rate": 1e-3})
     assert (config.learning_rate, config.epochs) == (1e-3, 5) and sources["learning_rate"] == "flag" and sources["epochs"] == "file"
-    assert fitted_schedule(config, 128, 405)["chosen_by"] == {"learning_rate": "given", "epochs": "given", "soup": "default for hidden size 128", "adversarial": "default for hidden size 128"}
+    assert fitted_schedule(config, 128, 405)["chosen_by"] == {"learning_rate": "given", "epochs": "given", "soup": "default for hidden size 128"}
 
 
 def test_collapse_is_one_class_predicted_where_the_labels_are_spread():

@@ -92,11 +92,6 @@ POOLING_WORDS = {"cls": "BERT's pooled [CLS] vector", "mean": "the mean of the r
 # gained on both sets (+1.2 on IMDB; +0.3 on BBC News, its runs sharing one head), every seed of three, but costs five times a run
 # that already takes twice tiny's, and one model of that width is not every width above 128.
 SOUP_BY_WIDTH = ((128, 5), (math.inf, 1))
-# The norm of the adversarial step on each example's word embeddings, in lengths of an average word
-# vector, when --adversarial is not given (`adversarial.py`), by hidden size H, as (largest H, step):
-# 0.12 for `tiny` (better than plain runs on IMDB and BBC News, DOCS; 0.4 was worse); 0, off, above:
-# no wider model was measured with it.
-ADVERSARIAL_BY_WIDTH = ((128, 0.12), (math.inf, 0.0))
 # Evaluations without a better `best_metric` before training stops; None: every epoch runs
 # (patience 2 saved a third to a half of the steps at accuracy within the noise: time only, DOCS).
 DEFAULT_EARLY_STOPPING_PATIENCE = None
@@ -761,9 +756,9 @@ class FinetuneConfig(ConfigFile):
         default=None,
         metadata={"help": f"fine-tune N times on the same labels and validation slice (seeds --seed, --seed + 1, ...) and keep the average of the N kept models' weights: one model of the same size (a model soup; default: by the model's hidden size, {SOUP_BY_WIDTH[0][1]} up to {SOUP_BY_WIDTH[0][0]}, else 1: {DOCS})"},
     )  # fmt: skip
-    adversarial: float | None = field(
-        default=None,
-        metadata={"metavar": "EPS", "help": f"adversarial training: add to each step's loss the loss at each example's word embeddings moved along its gradient, a step of EPS times the length of an average word vector (Miyato et al. 2017; about twice the compute of a step); 0: off (default: by the model's hidden size, {ADVERSARIAL_BY_WIDTH[0][1]} up to {ADVERSARIAL_BY_WIDTH[0][0]}, else 0: {DOCS})"},
+    adversarial: float = field(
+        default=0.0,
+        metadata={"metavar": "EPS", "help": f"adversarial training: add to each step's loss the loss at each example's word embeddings moved along its gradient, a step of EPS times the length of an average word vector (Miyato et al. 2017; about twice the compute of a step). 0.12 made one run of `tiny` better on both sets measured, and a soup of such runs worse than a plain soup on one of them, so it is off by default; with --soup 1, try 0.12 ({DOCS})"},
     )  # fmt: skip
     reinit_head: bool = field(default=False, metadata={"help": "train a new head even if the checkpoint has one"})
     seed: int = field(default=42, metadata={"help": "seed of the new head, the data order and dropout (of a soup's first run)"})
@@ -805,7 +800,7 @@ class FinetuneConfig(ConfigFile):
         if self.soup is not None and (isinstance(self.soup, bool) or not isinstance(self.soup, int) or self.soup < 1):
             raise ScratchBertError(f"soup={self.soup!r}: it must be a whole number of fine-tuning runs, 1 or more (--soup).")
         eps = self.adversarial
-        if eps is not None and (isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 <= eps < math.inf):
+        if (isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 <= eps < math.inf):
             raise ScratchBertError(f"adversarial={eps!r}: it must be the norm of the step on the word embeddings, 0 (off) or more (--adversarial).")
         if self.pooling is not None and self.pooling not in CLASSIFIER_POOLINGS:
             raise ScratchBertError(f"pooling must be one of {', '.join(CLASSIFIER_POOLINGS)}, got {self.pooling!r} (--pooling).")
@@ -840,18 +835,13 @@ def default_learning_rate(hidden_size: int) -> float:
     return by_width(LEARNING_RATES_BY_WIDTH, hidden_size)
 
 
-def default_adversarial(hidden_size: int) -> float:
-    """The adversarial step's norm for an encoder of width `hidden_size` (`ADVERSARIAL_BY_WIDTH`); 0: off."""
-    return by_width(ADVERSARIAL_BY_WIDTH, hidden_size)
-
-
 def default_soup(hidden_size: int) -> int:
     """The fine-tuning runs averaged into the kept model for an encoder of width `hidden_size` (`SOUP_BY_WIDTH`)."""
     return by_width(SOUP_BY_WIDTH, hidden_size)
 
 
 # The options of `fitted_schedule` that follow the model's width when not given, and their defaults.
-WIDTH_DEFAULTS = {"learning_rate": default_learning_rate, "soup": default_soup, "adversarial": default_adversarial}
+WIDTH_DEFAULTS = {"learning_rate": default_learning_rate, "soup": default_soup}
 
 
 def optimizer_steps_per_epoch(train_rows: int, batch_size: int, gradient_accumulation_steps: int = 1) -> int:
@@ -867,8 +857,8 @@ def fitted_schedule(config: FinetuneConfig, hidden_size: int, train_rows: int) -
     as many whole epochs as it takes to make `config.min_steps` optimizer steps: 400 labelled
     examples in batches of 16 make 25 steps an epoch, too few updates in 3 epochs for a small
     model to leave the majority class. The runs averaged into the kept model are `config.soup`, or
-    follow the model's width (`default_soup`), and so does the adversarial step (`default_adversarial`) unless
-    `config.adversarial` is given; "optimizer_steps" counts one run's.
+    follow the model's width (`default_soup`); "adversarial" is `config.adversarial`'s step (0: off);
+    "optimizer_steps" counts one run's.
 
     Returns:
         {"learning_rate", "epochs", "optimizer_steps", "steps_per_epoch", "soup", "adversarial", "chosen_by": {option: why}}
@@ -892,7 +882,7 @@ def fitted_schedule(config: FinetuneConfig, hidden_size: int, train_rows: int) -
         "optimizer_steps": math.ceil(epochs * per_epoch),
         "steps_per_epoch": per_epoch,
         "soup": fitted["soup"],
-        "adversarial": float(fitted["adversarial"]),
+        "adversarial": float(config.adversarial),
         "chosen_by": chosen_by,
     }
 
@@ -1054,9 +1044,9 @@ def finetune(config: FinetuneConfig, model_class=None) -> dict[str, Any]:
 
     schedule = fitted_schedule(config, model_config.get("hidden_size", 768), len(splits["train"]))
     logger.info(
-        "learning rate %g (%s), %g epochs of %d optimizer steps (%s), %d run%s averaged into the kept model (%s), adversarial step %g (%s)",
+        "learning rate %g (%s), %g epochs of %d optimizer steps (%s), %d run%s averaged into the kept model (%s), adversarial step %g (0: off)",
         schedule["learning_rate"], schedule["chosen_by"]["learning_rate"], schedule["epochs"], schedule["steps_per_epoch"], schedule["chosen_by"]["epochs"],
-        schedule["soup"], "s" if schedule["soup"] > 1 else "", schedule["chosen_by"]["soup"], schedule["adversarial"], schedule["chosen_by"]["adversarial"],
+        schedule["soup"], "s" if schedule["soup"] > 1 else "", schedule["chosen_by"]["soup"], schedule["adversarial"],
     )  # fmt: skip
 
     with determinism_restored():
