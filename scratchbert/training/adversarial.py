@@ -6,7 +6,8 @@ direction that raises it most: the loss's gradient with respect to each example'
 scaled to a fixed norm over the example. A classifier trained so cannot lean on the exact vector of
 a few words. Miyato et al. fix the norm on normalised embeddings; here it is EPS times the length of
 an average word vector (the mean norm of the rows of the embedding table), so that one EPS means the
-same nudge to a pretrained table (rows of norm ~2) and to a newly initialised one (~0.2) (DOCS).
+same nudge to a pretrained table (rows of norm ~2) and to a newly initialised one (~0.2)
+(measured: docs/finetuning.md).
 
 1. `adversarial_step`  the gradient of the loss at the embeddings -> the step of a given norm per example
 2. `AdversarialLoss`   a `Trainer` mixin: the loss at the embeddings plus the loss at the moved ones
@@ -20,8 +21,6 @@ from __future__ import annotations
 
 import torch
 from transformers import Trainer
-
-DOCS = "docs/finetuning.md"
 
 
 def adversarial_step(grad: torch.Tensor, norm: float | torch.Tensor) -> torch.Tensor:

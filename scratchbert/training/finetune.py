@@ -800,7 +800,7 @@ class FinetuneConfig(ConfigFile):
         if self.soup is not None and (isinstance(self.soup, bool) or not isinstance(self.soup, int) or self.soup < 1):
             raise ScratchBertError(f"soup={self.soup!r}: it must be a whole number of fine-tuning runs, 1 or more (--soup).")
         eps = self.adversarial
-        if (isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 <= eps < math.inf):
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 <= eps < math.inf:
             raise ScratchBertError(f"adversarial={eps!r}: it must be the norm of the step on the word embeddings, 0 (off) or more (--adversarial).")
         if self.pooling is not None and self.pooling not in CLASSIFIER_POOLINGS:
             raise ScratchBertError(f"pooling must be one of {', '.join(CLASSIFIER_POOLINGS)}, got {self.pooling!r} (--pooling).")
