@@ -89,6 +89,8 @@ def kjv_set(group: dict[str, str], path: Path = KJV) -> dict[str, list[dict]]:
     if not Path(path).is_file():
         sys.exit(f"no King James Bible at {path} (../shared/data/corpus/kjv.txt)")
     verses = bible_verses(Path(path).read_text(encoding="utf-8"))
+    if not verses or verses[0][0] not in group:
+        sys.exit(f"{path} is not the King James Bible as ../shared/data has it (`Book N` headings, indented numbered verses, starting with {next(iter(group))})")
     label, current = {}, None
     for book in dict.fromkeys(book for book, _ in verses):  # in the Bible's order
         current = group.get(book, current)
