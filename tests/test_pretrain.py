@@ -633,11 +633,41 @@ def test_long_phase_trains_the_positions_past_max_seq_length_and_resumes_exactly
         assert all(torch.equal(expected[name], resumed[name]) for name in expected), kill_at
 
 
+def test_a_larger_batch_last_phase_at_the_same_length_trains_its_batches_and_resumes_exactly(tiny_config, tmp_path, monkeypatch):
+    """--long-phase 0.5 --long-seq-length 16 --long-batch-size 8: steps 5-8 on the same 16-token examples,
+    8 per step instead of 2 (the log's token counts say so), and a run killed in the phase resumes to the
+    uninterrupted run's weights."""
+    config = {"recipe": "packed", "max_seq_length": 16, "batch_size": 2, "max_steps": 8, "save_every": 2, "log_every": 1,
+              "long_phase": 0.5, "long_seq_length": 16, "long_batch_size": 8}  # fmt: skip
+    pretrain(tiny_config(tmp_path / "whole", **config))
+    records = [r for r in run_log(tmp_path / "whole") if r["type"] == "train"]
+    assert [r["seq_length"] for r in records] == [16] * 8
+    steps_tokens = [r["tokens_seen"] for r in records]
+    per_step = [after - before for before, after in zip([0] + steps_tokens, steps_tokens)]
+    assert per_step == [2 * 16] * 4 + [8 * 16] * 4  # packed full-sentence examples: no padding
+    expected = final_weights(tmp_path / "whole")
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    output_dir = tmp_path / "killed"
+    kill_after_saving(monkeypatch, 6, lambda: pretrain(tiny_config(output_dir, **config)))
+    AcceleratorState._reset_state(reset_partial_state=True)
+    pretrain(tiny_config(output_dir, **config, resume=True))
+    resumed = final_weights(output_dir)
+    assert all(torch.equal(expected[name], resumed[name]) for name in expected)
+
+
 def test_long_phase_options_are_checked(tiny_config, tmp_path):
     from scratchbert.errors import ScratchBertError
 
-    with pytest.raises(ScratchBertError, match="long_seq_length=16"):
+    with pytest.raises(ScratchBertError, match="long_seq_length=16: it must be longer than"):
         tiny_config(tmp_path, max_seq_length=16, long_phase=0.1, long_seq_length=16)
+    with pytest.raises(ScratchBertError, match="long_seq_length=16: it must be longer than"):  # the same batch changes nothing
+        tiny_config(tmp_path, max_seq_length=16, batch_size=4, long_phase=0.1, long_seq_length=16, long_batch_size=4)
+    with pytest.raises(ScratchBertError, match="long_seq_length=8: it must be at least"):
+        tiny_config(tmp_path, max_seq_length=16, long_phase=0.1, long_seq_length=8, batch_size=4, long_batch_size=16)
+    with pytest.raises(ScratchBertError, match="long_batch_size=0"):
+        tiny_config(tmp_path, max_seq_length=16, long_phase=0.1, long_seq_length=32, long_batch_size=0)
+    assert tiny_config(tmp_path, max_seq_length=16, batch_size=4, long_phase=0.1, long_seq_length=16, long_batch_size=16).long_batch_size == 16
     with pytest.raises(ScratchBertError, match="long_phase=1.5"):
         tiny_config(tmp_path, long_phase=1.5)
     with pytest.raises(ScratchBertError, match="not with --streaming"):

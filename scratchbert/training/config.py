@@ -183,7 +183,14 @@ class DataArguments:
             "longer inputs (BERT: 0.1 at 512); 0: off"
         },
     )
-    long_seq_length: int | None = field(default=None, metadata={"help": "tokens per example in the --long-phase (default: max_position_embeddings)"})
+    long_seq_length: int | None = field(
+        default=None,
+        metadata={"help": "tokens per example in the --long-phase (default: max_position_embeddings; --max-seq-length itself with --long-batch-size: a larger-batch last phase)"},
+    )
+    long_batch_size: int | None = field(
+        default=None,
+        metadata={"help": "examples per device per forward pass in the --long-phase (default: a regular batch's tokens at --long-seq-length)"},
+    )
     short_seq_prob: float = field(default=0.1, metadata={"help": "sentence-pairs: probability of a shorter random target length"})
     dupe_factor: int = field(default=5, metadata={"help": "sentence-pairs: pairings of the training text, each with another seed (BERT used 10)"})
     mlm_probability: float | None = field(default=None, metadata={"help": "fraction of tokens chosen for masking (default: from the recipe)"})
@@ -287,7 +294,7 @@ class PretrainConfig(TrainingArguments, DataArguments, ModelArguments, ConfigFil
     """Everything a pretraining run needs; see the module docstring for how it is layered."""
 
     JOB = "pretraining"
-    VERSION = 5  # 1: saves without a version (before `config_version`); 3: streaming, prepared data, long phase; 4: objective; 5: 80/10/10 shares
+    VERSION = 6  # 1: saves without a version (before `config_version`); 3: streaming, prepared data, long phase; 4: objective; 5: 80/10/10 shares; 6: long-phase batch
 
     def __post_init__(self) -> None:
         for name, (_, value) in self.unset_values().items():
@@ -395,10 +402,17 @@ class PretrainConfig(TrainingArguments, DataArguments, ModelArguments, ConfigFil
         if not self.long_phase:
             return
         long = self.long_seq_length or self.max_position_embeddings
-        if not self.max_seq_length < long <= self.max_position_embeddings:
+        batch = self.long_batch_size
+        if batch is not None and (isinstance(batch, bool) or not isinstance(batch, int) or batch < 1):
+            raise ScratchBertError(f"long_batch_size={batch!r}: it must be a positive number of examples. Set --long-batch-size.")
+        same_length_allowed = batch is not None and batch != self.batch_size  # a larger (or smaller) batch on the same examples
+        shortest = self.max_seq_length if same_length_allowed else self.max_seq_length + 1
+        if not shortest <= long <= self.max_position_embeddings:
+            at_least = "at least" if same_length_allowed else "longer than"
             raise ScratchBertError(
-                f"long_seq_length={long}: it must be longer than max_seq_length={self.max_seq_length} and at most "
-                f"max_position_embeddings={self.max_position_embeddings}. Set --long-seq-length in that range."
+                f"long_seq_length={long}: it must be {at_least} max_seq_length={self.max_seq_length} and at most "
+                f"max_position_embeddings={self.max_position_embeddings}. Set --long-seq-length in that range "
+                "(the same length only with a --long-batch-size other than --batch-size, or the phase would change nothing)."
             )
         if self.streaming or self.prepared_data:
             raise ScratchBertError("--long-phase builds a second set of examples from the corpus: not with --streaming or --prepared-data.")
@@ -440,6 +454,7 @@ _ADDED_IN_VERSION = {
     3: {"streaming": False, "prepared_data": None, "long_phase": 0.0, "long_seq_length": None},
     4: {"objective": "mlm", "generator_layers": None, "discriminator_weight": 50.0},
     5: {"mask_replace_prob": 0.8, "random_replace_prob": 0.1},
+    6: {"long_batch_size": None},
 }
 
 

@@ -314,8 +314,8 @@ def make_dataloaders(config: PretrainConfig, tokenizer, train_dataset, eval_data
 
 
 def make_long_loader(config: PretrainConfig, tokenizer, long_dataset: datasets.Dataset) -> tuple[DataLoader, SeededCollator]:
-    """--long-phase: batches of long examples with about the tokens of a regular batch (BERT kept 256 examples of 512)."""
+    """--long-phase: batches of long examples, --long-batch-size of them or about the tokens of a regular batch (BERT kept 256 examples of 512)."""
     long_length = config.long_seq_length or config.max_position_embeddings
-    batch_size = max(1, config.batch_size * config.max_seq_length // long_length)
+    batch_size = config.long_batch_size or max(1, config.batch_size * config.max_seq_length // long_length)
     collate = _collate(config, tokenizer, config.seed + 2)
     return _shuffled_loader(config, long_dataset, collate, batch_size, config.seed + 2), collate

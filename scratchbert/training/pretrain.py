@@ -475,6 +475,7 @@ def _announce(run: Run, log: RunLog) -> None:
         length = f"{config.time_budget:g} minutes" + (f" (at most {config.max_steps} steps)" if config.max_steps else "")
     long_phase = (
         f"; the last {config.long_phase:.0%} on examples of {config.long_seq_length or config.max_position_embeddings} tokens"
+        + (f", {config.long_batch_size * config.gradient_accumulation_steps * accelerator.num_processes} per step" if config.long_batch_size else "")
         if config.long_phase
         else ""
     )
