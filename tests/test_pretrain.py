@@ -665,6 +665,8 @@ def test_long_phase_options_are_checked(tiny_config, tmp_path):
         tiny_config(tmp_path, max_seq_length=16, batch_size=4, long_phase=0.1, long_seq_length=16, long_batch_size=4)
     with pytest.raises(ScratchBertError, match="long_seq_length=8: it must be at least"):
         tiny_config(tmp_path, max_seq_length=16, long_phase=0.1, long_seq_length=8, batch_size=4, long_batch_size=16)
+    with pytest.raises(ScratchBertError, match="long_batch_size=64 is the --long-phase's batch, and there is no long phase"):
+        tiny_config(tmp_path, long_batch_size=64)
     with pytest.raises(ScratchBertError, match="long_batch_size=0"):
         tiny_config(tmp_path, max_seq_length=16, long_phase=0.1, long_seq_length=32, long_batch_size=0)
     assert tiny_config(tmp_path, max_seq_length=16, batch_size=4, long_phase=0.1, long_seq_length=16, long_batch_size=16).long_batch_size == 16

@@ -399,10 +399,12 @@ class PretrainConfig(TrainingArguments, DataArguments, ModelArguments, ConfigFil
     def _validate_long_phase(self) -> None:
         if not 0.0 <= self.long_phase < 1.0:
             raise ScratchBertError(f"long_phase={self.long_phase!r}: it must be in [0, 1) (a fraction of the run; 0 turns it off).")
+        batch = self.long_batch_size
         if not self.long_phase:
+            if batch is not None:
+                raise ScratchBertError(f"long_batch_size={batch!r} is the --long-phase's batch, and there is no long phase: add --long-phase (e.g. 0.1).")
             return
         long = self.long_seq_length or self.max_position_embeddings
-        batch = self.long_batch_size
         if batch is not None and (isinstance(batch, bool) or not isinstance(batch, int) or batch < 1):
             raise ScratchBertError(f"long_batch_size={batch!r}: it must be a positive number of examples. Set --long-batch-size.")
         same_length_allowed = batch is not None and batch != self.batch_size  # a larger (or smaller) batch on the same examples
