@@ -656,6 +656,32 @@ def test_a_larger_batch_last_phase_at_the_same_length_trains_its_batches_and_res
     assert all(torch.equal(expected[name], resumed[name]) for name in expected)
 
 
+def test_a_restarted_learning_rate_cycle_in_the_last_phase_and_exact_resume_inside_it(tiny_config, tmp_path, monkeypatch):
+    """--long-phase 0.5 --long-learning-rate 5e-4 (run at 1e-3, warmup 0.01 of 8 steps): the run's cycle
+    reaches 0 at step 4, where the phase begins, and a second one warms up over a tenth of the phase to
+    half the run's peak and decays to 0 at step 8. A run killed inside the phase resumes exactly."""
+    config = {"recipe": "packed", "max_seq_length": 16, "batch_size": 2, "max_steps": 8, "save_every": 2, "log_every": 1,
+              "learning_rate": 1e-3, "warmup_ratio": 0.01, "long_phase": 0.5, "long_seq_length": 32,
+              "long_learning_rate": 5e-4}  # fmt: skip
+    pretrain(tiny_config(tmp_path / "whole", **config))
+    records = [r for r in run_log(tmp_path / "whole") if r["type"] == "train"]
+    assert [r["seq_length"] for r in records] == [16] * 4 + [32] * 4
+    # logged after step k: the rate of step k + 1. First cycle at 1/4, 2/4, 3/4 of its 4 steps (warmup 0.02
+    # of it), then the second at 0 (the 1e-3 floor), 1/4, 2/4, 3/4 of the phase, then 0.
+    first = [(1 - f) / 0.98 for f in (0.25, 0.5, 0.75)]
+    second = [0.5 * factor for factor in (1e-3, 0.75 / 0.9, 0.5 / 0.9, 0.25 / 0.9, 0.0)]
+    assert [r["learning_rate"] for r in records] == pytest.approx([1e-3 * f for f in first + second], abs=1e-12)
+    expected = final_weights(tmp_path / "whole")
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    output_dir = tmp_path / "killed"
+    kill_after_saving(monkeypatch, 6, lambda: pretrain(tiny_config(output_dir, **config)))
+    AcceleratorState._reset_state(reset_partial_state=True)
+    pretrain(tiny_config(output_dir, **config, resume=True))
+    resumed = final_weights(output_dir)
+    assert all(torch.equal(expected[name], resumed[name]) for name in expected)
+
+
 def test_long_phase_options_are_checked(tiny_config, tmp_path):
     from scratchbert.errors import ScratchBertError
 
@@ -670,6 +696,12 @@ def test_long_phase_options_are_checked(tiny_config, tmp_path):
     with pytest.raises(ScratchBertError, match="long_batch_size=0"):
         tiny_config(tmp_path, max_seq_length=16, long_phase=0.1, long_seq_length=32, long_batch_size=0)
     assert tiny_config(tmp_path, max_seq_length=16, batch_size=4, long_phase=0.1, long_seq_length=16, long_batch_size=16).long_batch_size == 16
+    with pytest.raises(ScratchBertError, match="long_learning_rate=0.0005 is the --long-phase's learning rate, and there is no long phase"):
+        tiny_config(tmp_path, long_learning_rate=5e-4)
+    assert tiny_config(tmp_path, max_seq_length=16, long_phase=0.1, long_seq_length=16, long_learning_rate=5e-4).long_learning_rate == 5e-4
+    for rate in (0.0, -1e-3, float("nan")):
+        with pytest.raises(ScratchBertError, match="long_learning_rate=.*: it must be a positive number"):
+            tiny_config(tmp_path, max_seq_length=16, long_phase=0.1, long_seq_length=32, long_learning_rate=rate)
     with pytest.raises(ScratchBertError, match="long_phase=1.5"):
         tiny_config(tmp_path, long_phase=1.5)
     with pytest.raises(ScratchBertError, match="not with --streaming"):

@@ -338,6 +338,13 @@ def test_budget_schedule_and_clock():
         schedule.elapsed = elapsed
         factors.append(round(schedule(0), 4))
     assert factors == [0.001, 0.5, 1.0, 0.5, 0.0, 0.0]
+    # --long-learning-rate: the last fifth restarts at a quarter of the peak, warming up over a tenth of it
+    restarted = TimeBudgetSchedule(budget_seconds=100.0, warmup_ratio=0.1, restart=(0.8, 0.25))
+    factors = []
+    for elapsed in (0.0, 5.0, 10.0, 45.0, 79.0, 80.5, 81.0, 82.0, 91.0, 100.0):
+        restarted.elapsed = elapsed
+        factors.append(round(restarted(0), 4))
+    assert factors == [0.001, 0.5, 1.0, 0.5, 0.0143, 0.0625, 0.125, 0.25, 0.125, 0.0]
     fake = FakeTime()
     clock = TrainingClock(elapsed=7.0, timer=fake)
     clock.start()

@@ -191,6 +191,13 @@ class DataArguments:
         default=None,
         metadata={"help": "examples per device per forward pass in the --long-phase (default: a regular batch's tokens at --long-seq-length)"},
     )
+    long_learning_rate: float | None = field(
+        default=None,
+        metadata={
+            "help": "a second learning-rate cycle for the --long-phase: the run's schedule reaches 0 where the phase begins, "
+            "and the phase warms up again to this peak and decays to 0 at the end (default: the run's one schedule runs on)"
+        },
+    )
     short_seq_prob: float = field(default=0.1, metadata={"help": "sentence-pairs: probability of a shorter random target length"})
     dupe_factor: int = field(default=5, metadata={"help": "sentence-pairs: pairings of the training text, each with another seed (BERT used 10)"})
     mlm_probability: float | None = field(default=None, metadata={"help": "fraction of tokens chosen for masking (default: from the recipe)"})
@@ -294,7 +301,7 @@ class PretrainConfig(TrainingArguments, DataArguments, ModelArguments, ConfigFil
     """Everything a pretraining run needs; see the module docstring for how it is layered."""
 
     JOB = "pretraining"
-    VERSION = 6  # 1: saves without a version (before `config_version`); 3: streaming, prepared data, long phase; 4: objective; 5: 80/10/10 shares; 6: long-phase batch
+    VERSION = 7  # 1: saves without a version (before `config_version`); 3: streaming, prepared data, long phase; 4: objective; 5: 80/10/10 shares; 6: long-phase batch; 7: its learning rate
 
     def __post_init__(self) -> None:
         for name, (_, value) in self.unset_values().items():
@@ -399,22 +406,28 @@ class PretrainConfig(TrainingArguments, DataArguments, ModelArguments, ConfigFil
     def _validate_long_phase(self) -> None:
         if not 0.0 <= self.long_phase < 1.0:
             raise ScratchBertError(f"long_phase={self.long_phase!r}: it must be in [0, 1) (a fraction of the run; 0 turns it off).")
-        batch = self.long_batch_size
+        batch, rate = self.long_batch_size, self.long_learning_rate
         if not self.long_phase:
             if batch is not None:
                 raise ScratchBertError(f"long_batch_size={batch!r} is the --long-phase's batch, and there is no long phase: add --long-phase (e.g. 0.1).")
+            if rate is not None:
+                raise ScratchBertError(f"long_learning_rate={rate!r} is the --long-phase's learning rate, and there is no long phase: add --long-phase (e.g. 0.1).")
             return
+        if rate is not None and (isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 < rate < float("inf")):
+            raise ScratchBertError(f"long_learning_rate={rate!r}: it must be a positive number (the peak of the phase's cycle). Set --long-learning-rate.")
         long = self.long_seq_length or self.max_position_embeddings
         if batch is not None and (isinstance(batch, bool) or not isinstance(batch, int) or batch < 1):
             raise ScratchBertError(f"long_batch_size={batch!r}: it must be a positive number of examples. Set --long-batch-size.")
-        same_length_allowed = batch is not None and batch != self.batch_size  # a larger (or smaller) batch on the same examples
+        # on the same examples, a larger (or smaller) batch or a restarted learning rate still changes something
+        same_length_allowed = (batch is not None and batch != self.batch_size) or rate is not None
         shortest = self.max_seq_length if same_length_allowed else self.max_seq_length + 1
         if not shortest <= long <= self.max_position_embeddings:
             at_least = "at least" if same_length_allowed else "longer than"
             raise ScratchBertError(
                 f"long_seq_length={long}: it must be {at_least} max_seq_length={self.max_seq_length} and at most "
                 f"max_position_embeddings={self.max_position_embeddings}. Set --long-seq-length in that range "
-                "(the same length only with a --long-batch-size other than --batch-size, or the phase would change nothing)."
+                "(the same length only with a --long-batch-size other than --batch-size or with --long-learning-rate, "
+                "or the phase would change nothing)."
             )
         if self.streaming or self.prepared_data:
             raise ScratchBertError("--long-phase builds a second set of examples from the corpus: not with --streaming or --prepared-data.")
@@ -457,6 +470,7 @@ _ADDED_IN_VERSION = {
     4: {"objective": "mlm", "generator_layers": None, "discriminator_weight": 50.0},
     5: {"mask_replace_prob": 0.8, "random_replace_prob": 0.1},
     6: {"long_batch_size": None},
+    7: {"long_learning_rate": None},
 }
 
 

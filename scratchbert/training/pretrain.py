@@ -243,7 +243,13 @@ def setup(config: PretrainConfig, model_class=None, config_class=None) -> tuple[
         betas=(config.adam_beta1, config.adam_beta2),
         eps=config.adam_epsilon,
     )
-    scheduler, budget_schedule = make_scheduler(optimizer, config.max_steps, config.warmup_ratio, config.time_budget)
+    restart = None  # --long-learning-rate: where the phase begins (as `Run.long_phase_due` finds it), and its peak
+    if config.long_learning_rate is not None:
+        start = 1.0 - config.long_phase
+        if config.time_budget is None:
+            start = round(start * config.max_steps) / config.max_steps
+        restart = (start, config.long_learning_rate / config.learning_rate)
+    scheduler, budget_schedule = make_scheduler(optimizer, config.max_steps, config.warmup_ratio, config.time_budget, restart)
     if config.streaming:  # a stream is split by streaming.py and put on the device by its StreamLoader
         model, optimizer, eval_loader, scheduler = accelerator.prepare(model, optimizer, eval_loader, scheduler)
     else:
@@ -476,6 +482,7 @@ def _announce(run: Run, log: RunLog) -> None:
     long_phase = (
         f"; the last {config.long_phase:.0%} on examples of {config.long_seq_length or config.max_position_embeddings} tokens"
         + (f", {config.long_batch_size * config.gradient_accumulation_steps * accelerator.num_processes} per step" if config.long_batch_size else "")
+        + (f", its own learning-rate cycle to {config.long_learning_rate:g}" if config.long_learning_rate is not None else "")
         if config.long_phase
         else ""
     )
