@@ -603,6 +603,16 @@ def test_two_process_ddp_on_cpu(corpus_file, tokenizer_dir, tmp_path):
 # --- the long phase -------------------------------------------------------------------
 
 
+def assert_resumes_exactly(tiny_config, monkeypatch, output_dir: Path, config: dict, expected: dict, kill_at: int) -> None:
+    """A run of `config` killed after saving at step `kill_at`, then resumed, ends on `expected` (the uninterrupted run's weights)."""
+    AcceleratorState._reset_state(reset_partial_state=True)
+    kill_after_saving(monkeypatch, kill_at, lambda: pretrain(tiny_config(output_dir, **config)))
+    AcceleratorState._reset_state(reset_partial_state=True)
+    pretrain(tiny_config(output_dir, **config, resume=True))
+    resumed = final_weights(output_dir)
+    assert all(torch.equal(expected[name], resumed[name]) for name in expected), kill_at
+
+
 def test_long_phase_trains_the_positions_past_max_seq_length_and_resumes_exactly(tiny_config, tmp_path, monkeypatch):
     """--long-phase 0.5: steps 5-8 on 32-token examples. Without weight decay, position rows no example
     reaches stay at their initial values: rows 16-31 are trained only by the long phase. A run killed
@@ -647,13 +657,7 @@ def test_a_larger_batch_last_phase_at_the_same_length_trains_its_batches_and_res
     assert per_step == [2 * 16] * 4 + [8 * 16] * 4  # packed full-sentence examples: no padding
     expected = final_weights(tmp_path / "whole")
 
-    AcceleratorState._reset_state(reset_partial_state=True)
-    output_dir = tmp_path / "killed"
-    kill_after_saving(monkeypatch, 6, lambda: pretrain(tiny_config(output_dir, **config)))
-    AcceleratorState._reset_state(reset_partial_state=True)
-    pretrain(tiny_config(output_dir, **config, resume=True))
-    resumed = final_weights(output_dir)
-    assert all(torch.equal(expected[name], resumed[name]) for name in expected)
+    assert_resumes_exactly(tiny_config, monkeypatch, tmp_path / "killed", config, expected, kill_at=6)
 
 
 def test_a_restarted_learning_rate_cycle_in_the_last_phase_and_exact_resume_inside_it(tiny_config, tmp_path, monkeypatch):
@@ -673,13 +677,7 @@ def test_a_restarted_learning_rate_cycle_in_the_last_phase_and_exact_resume_insi
     assert [r["learning_rate"] for r in records] == pytest.approx([1e-3 * f for f in first + second], abs=1e-12)
     expected = final_weights(tmp_path / "whole")
 
-    AcceleratorState._reset_state(reset_partial_state=True)
-    output_dir = tmp_path / "killed"
-    kill_after_saving(monkeypatch, 6, lambda: pretrain(tiny_config(output_dir, **config)))
-    AcceleratorState._reset_state(reset_partial_state=True)
-    pretrain(tiny_config(output_dir, **config, resume=True))
-    resumed = final_weights(output_dir)
-    assert all(torch.equal(expected[name], resumed[name]) for name in expected)
+    assert_resumes_exactly(tiny_config, monkeypatch, tmp_path / "killed", config, expected, kill_at=6)
 
 
 def test_long_phase_options_are_checked(tiny_config, tmp_path):
