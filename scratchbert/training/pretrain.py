@@ -146,6 +146,11 @@ class Position:
     phase: int = 0  # 1 once the --long-phase has begun (epoch and batches_in_epoch then count its examples)
 
 
+def long_phase_first_step(config: PretrainConfig) -> int:
+    """--long-phase without a time budget: the step the phase begins on (its last `long_phase` of `max_steps`)."""
+    return round((1.0 - config.long_phase) * config.max_steps)
+
+
 @dataclass
 class Run:
     """What `setup` builds and the later steps use: one object instead of twenty locals."""
@@ -184,7 +189,7 @@ class Run:
             return False
         if self.config.time_budget is not None:
             return self.position.training_seconds >= (1.0 - fraction) * 60.0 * self.config.time_budget
-        return self.position.step >= round((1.0 - fraction) * self.config.max_steps)
+        return self.position.step >= long_phase_first_step(self.config)
 
     def batches(self) -> tuple[DataLoader, SeededCollator]:
         """The loader and collator of the phase the run is in."""
@@ -245,9 +250,7 @@ def setup(config: PretrainConfig, model_class=None, config_class=None) -> tuple[
     )
     restart = None  # --long-learning-rate: where the phase begins (as `Run.long_phase_due` finds it), and its peak
     if config.long_learning_rate is not None:
-        start = 1.0 - config.long_phase
-        if config.time_budget is None:
-            start = round(start * config.max_steps) / config.max_steps
+        start = 1.0 - config.long_phase if config.time_budget is not None else long_phase_first_step(config) / config.max_steps
         restart = (start, config.long_learning_rate / config.learning_rate)
     scheduler, budget_schedule = make_scheduler(optimizer, config.max_steps, config.warmup_ratio, config.time_budget, restart)
     if config.streaming:  # a stream is split by streaming.py and put on the device by its StreamLoader
