@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import random
 import runpy
 import sys
@@ -62,7 +63,9 @@ from scratchbert.training.finetune import (
     finetune_text_classification,
     fitted_inputs,
     fitted_schedule,
+    check_columns,
     label_names_of,
+    label_warnings,
     load_sequence_classifier,
     make_trainer,
     mean_of_windows,
@@ -401,9 +404,23 @@ def test_label_names_from_strings_integers_and_class_labels():
     classes = DatasetDict(train=Dataset.from_dict({"label": [1, 0]}).cast_column("label", ClassLabel(names=["no", "yes"])))
     assert label_names_of(classes, "label") == ["no", "yes"]
     assert encode_labels(classes, "label", ["yes", "no"])["train"]["labels"] == [0, 1]  # e.g. a head's order
-    unlabelled = Dataset.from_dict({"label": [1, -1]}).cast_column("label", ClassLabel(names=["no", "yes"]))
-    with pytest.raises(ValueError, match="row 1 has no label"):
-        label_names_of(DatasetDict(train=unlabelled), "label")
+    unlabelled = Dataset.from_dict({"text": ["w1", "w2"], "label": [1, -1]}).cast_column("label", ClassLabel(names=["no", "yes"]))
+    with pytest.raises(ValueError, match="row 2 of the train data .* has no label"):  # `datasets`' -1 for "no label"
+        check_columns(DatasetDict(train=unlabelled), "text", None, "label")
+
+
+def test_labels_only_validation_or_test_rows_have_and_look_alike_labels_are_warned(caplog):
+    names = ["Neg", "neg", "other", "pos"]
+    splits = DatasetDict(
+        train=Dataset.from_dict({"labels": [0, 1, 3, 3]}),
+        validation=Dataset.from_dict({"labels": [1, 3]}),
+        test=Dataset.from_dict({"labels": [2, 2, 1]}),
+    )
+    with caplog.at_level(logging.WARNING, logger="scratchbert.training.finetune"):
+        found = label_warnings(splits, names)
+    assert found == {"not_in_train": {"test": {"other": 2}}, "look_alike": [["Neg", "neg"]]}
+    assert "'other' in 2 rows" in caplog.text and "count as errors" in caplog.text and "'Neg' / 'neg'" in caplog.text
+    assert label_warnings(DatasetDict(train=splits["train"], validation=splits["validation"]), ["neg", "pos", "x", "y"]) is None
 
 
 # --------------------------------------------------------------------------- clear errors
@@ -427,7 +444,9 @@ def run_cli(cli_main, capsys, *argv) -> tuple[int, str]:
         ([{"text": "w1 good", "sentiment": "pos"}], [], "no column 'label'"),
         ([{"text": "w1 good", "label": 0.5}, {"text": "w2 bad", "label": 1.5}], [], "labels must be strings or integers"),
         ([{"text": "w1 good", "label": [1]}, {"text": "w2 bad", "label": [0]}], [], "labels must be strings or integers"),
-        ([{"text": "w1 good", "label": "pos"}, {"text": "w2 bad", "label": None}], [], "row 1 has no label"),
+        ([{"text": "w1 good", "label": "pos"}, {"text": "w2 bad", "label": None}], [], "row 2 of the train data (the first row is 1) has no label"),
+        ([{"text": "w1 good", "label": "pos"}, {"text": " ", "label": "neg"}], [], "row 2 of the train data (the first row is 1) has no text"),
+        ([{"text": "w1 good", "label": "pos"}, {"text": 7, "label": "neg"}], [], "holds 7, not a text string"),
         ([{"text": "w1 good", "label": "pos"}, {"text": "w2 bad", "label": "pos"}], [], "single label"),
         ([{"text": "w1 good", "label": "pos"}], ["--text-pair-column", "premise"], "--text-pair-column"),
         ([{"text": "w1 good", "label": "pos"}, {"text": "w2 bad", "label": 1}], [], "mixes strings and integers"),
@@ -440,6 +459,25 @@ def test_bad_data_gives_one_line_error(tmp_path, capsys, cli_main, scratch_check
     code, err = run_cli(cli_main, capsys, scratch_checkpoint, "--train-file", data, "--validation-file", data, "--output-dir", tmp_path / "out", *flags)
     assert code == 2 and message in err and "Traceback" not in err
     assert not (tmp_path / "out").exists()  # nothing is written before the data checks pass
+
+
+def test_a_bad_cell_is_named_by_its_row_in_the_file_though_validation_rows_are_held_out(tmp_path, capsys, cli_main, scratch_checkpoint):
+    rows = sentiment_rows(40, seed=3)
+    rows[30]["text"] = ""  # a CSV's empty cell: `datasets` reads it as None
+    data = write_csv(tmp_path / "train.csv", rows)
+    code, err = run_cli(cli_main, capsys, scratch_checkpoint, "--train-file", data, "--output-dir", tmp_path / "out")
+    assert code == 2 and "row 31 of the train data (the first row is 1) has no text in column 'text'" in err
+
+
+def test_a_test_label_that_training_lacks_is_warned_and_saved(tmp_path, capsys, cli_main, scratch_checkpoint):
+    train = write_csv(tmp_path / "train.csv", sentiment_rows(48, seed=4))
+    test = write_csv(tmp_path / "test.csv", sentiment_rows(8, seed=5) + [{"text": "w1 w2", "label": "neutral"}])
+    out = tmp_path / "out"
+    argv = ["--train-file", train, "--test-file", test, "--output-dir", out, "--epochs", "1", "--soup", "1"]
+    assert cli_main(["finetune", str(scratch_checkpoint), *map(str, argv)]) == 0
+    expected = {"not_in_train": {"test": {"neutral": 1}}}
+    assert json.loads((out / "metrics.json").read_text())["label_warnings"] == expected
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["label_warnings"] == expected  # the printed summary
 
 
 def test_script_is_the_cli_command(cli_main, monkeypatch, capsys):

@@ -27,5 +27,7 @@ def run(args: argparse.Namespace) -> int:
     results = finetune(config_from_args(args, FinetuneConfig))
     summary = {split: {k: results[split][k] for k in ("accuracy", "macro_f1")} for split in ("validation", "test") if split in results}
     summary["collapsed"] = results["collapsed"]  # None, or the one-class answer and what to try (also warned above)
+    if results["label_warnings"]:  # labels only validation or test rows have, or that differ only in case or spaces (also warned above)
+        summary["label_warnings"] = results["label_warnings"]
     print(json.dumps(summary))
     return 0

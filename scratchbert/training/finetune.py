@@ -3,11 +3,12 @@
 `scratchbert finetune` turns any scratchbert or transformers BERT checkpoint (with its
 tokenizer) into a text classifier, in five steps that each have a function here:
 
-1. `load_splits`            read train / validation / test from local CSV, JSON or JSONL
-                            files, or from a `datasets` name.
-2. `check_text_columns`,    validate the columns and turn string or integer labels into
-   `label_names_of`,        ids `0..K-1`, whose names go into the config as `id2label`.
-   `encode_labels`
+1. `read_splits`,           read train / validation / test from local CSV, JSON or JSONL
+   `carve_splits`           files, or from a `datasets` name; hold out validation rows.
+2. `check_columns`,         validate the columns and cells and turn string or integer labels
+   `label_names_of`,        into ids `0..K-1`, whose names go into the config as `id2label`;
+   `encode_labels`,         warn of labels only validation or test rows have, or that differ
+   `label_warnings`         only in case or spaces.
 3. `load_sequence_classifier`  load the checkpoint into `ScratchBertForSequenceClassification`
                             (scratchbert keeps BERT's state-dict names, so transformers BERT
                             checkpoints load too), checking the size of an existing head;
@@ -65,11 +66,11 @@ LABEL_KINDS = {  # Arrow dtype of a label column -> how its values become label 
 }
 DEFAULT_MAX_LENGTH = 256  # tokens per example unless asked otherwise (or the model has fewer positions); measured: DOCS
 DEFAULT_WINDOWS = 4  # windows of DEFAULT_MAX_LENGTH per single text unless asked otherwise; measured: DOCS
-# The `FinetuneConfig` fields that choose and cut the data (the parameters of `load_splits`).
-SPLIT_OPTIONS = (
-    "train_files", "validation_files", "test_files", "dataset_name", "dataset_config", "train_split",
-    "validation_split", "test_split", "validation_fraction", "max_train_samples", "max_eval_samples", "seed",
+# The `FinetuneConfig` fields that choose the data (`read_splits`) and cut it (`carve_splits`).
+READ_OPTIONS = (
+    "train_files", "validation_files", "test_files", "dataset_name", "dataset_config", "train_split", "validation_split", "test_split",
 )  # fmt: skip
+CARVE_OPTIONS = ("validation_fraction", "max_train_samples", "max_eval_samples", "seed")
 HEAD_KEY = "classifier.weight"  # (K, H) weight of BERT's classification head, in every BERT checkpoint
 DOCS = "docs/finetuning.md"  # what was measured, and why the defaults are what they are
 
@@ -111,7 +112,7 @@ COLLAPSE_ADVICE = (
 # ---------------------------------------------------------------------------
 
 
-def load_splits(
+def read_splits(
     train_files: Sequence[str | Path] | None = None,
     validation_files: Sequence[str | Path] | None = None,
     test_files: Sequence[str | Path] | None = None,
@@ -120,22 +121,17 @@ def load_splits(
     train_split: str | None = None,
     validation_split: str | None = None,
     test_split: str | None = None,
-    validation_fraction: float = 0.1,
-    max_train_samples: int | None = None,
-    max_eval_samples: int | None = None,
-    seed: int = 42,
 ):
-    """Load the data splits for fine-tuning.
+    """Read the data splits for fine-tuning, rows in the order of their files.
 
     Give either local `train_files` (CSV/TSV/JSON/JSONL/Parquet, optionally compressed; globs
     are expanded) with optional
     `validation_files`/`test_files`, or a `dataset_name` for `datasets.load_dataset` with
     split names (`train_split` defaults to "train", `validation_split` to "validation" when
-    the dataset has one). Without a validation split, `validation_fraction` of train is held out.
-    `max_*_samples` take a seeded random subset (files are often sorted by label).
+    the dataset has one). `carve_splits` then holds out validation rows and takes subsets.
 
     Returns:
-        `datasets.DatasetDict` with "train", "validation" and, when asked for, "test".
+        {"train": Dataset, and "validation" and "test" when given}
     """
     import datasets
 
@@ -167,6 +163,25 @@ def load_splits(
 
     if len(splits["train"]) == 0:
         raise ScratchBertError("the training data is empty: there are no rows to fine-tune on.")
+    return splits
+
+
+def carve_splits(
+    splits: dict,
+    validation_fraction: float = 0.1,
+    max_train_samples: int | None = None,
+    max_eval_samples: int | None = None,
+    seed: int = 42,
+):
+    """Hold out `validation_fraction` of train when there is no validation split, and take the
+    `max_*_samples` seeded random subsets (files are often sorted by label).
+
+    Returns:
+        `datasets.DatasetDict` with "train", "validation" and, when given, "test".
+    """
+    import datasets
+
+    splits = dict(splits)
     if "validation" not in splits:
         if not 0 < validation_fraction < 1:
             raise ScratchBertError(f"validation_fraction must be between 0 and 1, got {validation_fraction}.")
@@ -189,8 +204,14 @@ def load_splits(
 # ---------------------------------------------------------------------------
 
 
-def check_text_columns(splits, text_column: str, text_pair_column: str | None, label_column: str) -> None:
-    """Fail early, naming the fix, when a column is missing or a text cell is empty."""
+def check_columns(splits, text_column: str, text_pair_column: str | None, label_column: str) -> None:
+    """Fail early, naming the fix, when a column is missing or a cell has no text or no label.
+
+    Run it on `read_splits`' rows, before `carve_splits` shuffles them, so that "row 41 of the
+    train data" is the 41st row of its files.
+    """
+    from datasets import ClassLabel
+
     for name, split in splits.items():
         columns = split.column_names
         wanted = [(text_column, "--text-column"), (label_column, "--label-column")]
@@ -205,9 +226,16 @@ def check_text_columns(splits, text_column: str, text_pair_column: str | None, l
         for column in (text_column, text_pair_column):
             if column is None:
                 continue
-            for row, text in enumerate(split[column]):
+            for row, text in enumerate(split[column], start=1):
+                if text is None or (isinstance(text, str) and not text.strip()):
+                    raise ScratchBertError(f"row {row} of the {name} data (the first row is 1) has no text in column {column!r}: fill it in or drop the row.")
                 if not isinstance(text, str):
-                    raise ScratchBertError(f"{name} row {row}: column {column!r} holds {text!r}, not a text string.")
+                    raise ScratchBertError(f"row {row} of the {name} data (the first row is 1): column {column!r} holds {text!r}, not a text string.")
+        label = split.features[label_column]
+        for row, value in enumerate(split[label_column], start=1):
+            # `datasets` writes -1 in a ClassLabel column for "no label"
+            if value is None or (isinstance(label, ClassLabel) and not 0 <= value < label.num_classes):
+                raise ScratchBertError(f"row {row} of the {name} data (the first row is 1) has no label in column {label_column!r} (found {value!r}).")
 
 
 def label_names_of(splits, label_column: str) -> list[str]:
@@ -215,16 +243,12 @@ def label_names_of(splits, label_column: str) -> list[str]:
 
     A `datasets.ClassLabel` column keeps its own names. String labels are sorted; integer
     labels are sorted by value and named by their value ("0", "1", ...), so labels that
-    already are `0..K-1` keep their ids.
+    already are `0..K-1` keep their ids. Every row has a label (`check_columns`).
     """
     from datasets import ClassLabel, Value
 
     feature = splits["train"].features[label_column]
     if isinstance(feature, ClassLabel):
-        for name, split in splits.items():
-            for row, value in enumerate(split[label_column]):
-                if value is None or not 0 <= value < feature.num_classes:  # `datasets` writes -1 for "no label"
-                    raise ScratchBertError(f"{name} row {row} has no label in column {label_column!r} (found {value!r}).")
         return list(feature.names)
     kinds = set()
     for name, split in splits.items():
@@ -243,12 +267,7 @@ def label_names_of(splits, label_column: str) -> list[str]:
         kinds.add(kind)
     if len(kinds) > 1:
         raise ScratchBertError(f"column {label_column!r} holds strings in one split and integers in another; use one kind.")
-    values = set()
-    for name, split in splits.items():
-        for row, value in enumerate(split[label_column]):
-            if value is None:
-                raise ScratchBertError(f"{name} row {row} has no label in column {label_column!r}.")
-            values.add(value)
+    values = {value for split in splits.values() for value in split[label_column]}
     if kinds == {"integer"}:
         return [str(int(value)) for value in sorted(values)]
     return sorted(values)
@@ -270,6 +289,42 @@ def encode_labels(splits, label_column: str, label_names: Sequence[str]):
         return {"labels": [label2id[name_of(value)] for value in batch[label_column]]}
 
     return splits.map(to_ids, batched=True, desc="encoding labels")
+
+
+def label_warnings(splits, label_names: Sequence[str]) -> dict | None:
+    """What about the encoded labels is likely a mistake, though training can go on; each is logged.
+
+    - "not_in_train": {split: {label: rows}}: labels of the validation or test rows that no
+      training row has. They keep a class of their own, as transformers' `run_classification`
+      does, but the classifier cannot learn it, so those rows count as errors.
+    - "look_alike": groups of labels that differ only in case or spaces ("pos", "Pos ").
+
+    Returns None when there is nothing to say.
+    """
+    warnings = {}
+    trained = set(splits["train"]["labels"])
+    for name, split in splits.items():
+        unseen = [i for i in split["labels"] if i not in trained]
+        if name != "train" and unseen:
+            counts = {label_names[i]: unseen.count(i) for i in sorted(set(unseen))}
+            warnings.setdefault("not_in_train", {})[name] = counts
+            logger.warning(
+                "the %s data has labels no training row has (%s): the classifier cannot learn them, so those rows count as "
+                "errors. Add training rows with them, or fix or drop those rows%s.", name,
+                ", ".join(f"{label!r} in {rows} row{'s' * (rows > 1)}" for label, rows in counts.items()),
+                "" if name == "test" else " (a held-out validation slice takes a random tenth of train: a label with few rows may land only there)",
+            )  # fmt: skip
+    alike = {}
+    for label in label_names:
+        alike.setdefault(" ".join(label.split()).casefold(), []).append(label)
+    groups = [group for group in alike.values() if len(group) > 1]
+    if groups:
+        warnings["look_alike"] = groups
+        logger.warning(
+            "labels that differ only in case or spaces are different classes: %s. If each group is one class, make them equal in the data.",
+            "; ".join(" / ".join(repr(label) for label in group) for group in groups),
+        )
+    return warnings or None
 
 
 TRUNCATIONS = ("head", "head+tail")
@@ -1008,7 +1063,7 @@ def finetune(config: FinetuneConfig, model_class=None) -> dict[str, Any]:
     `output_dir/checkpoints` (a soup's to `checkpoints/run-k`).
 
     Returns:
-        {"labels": [...], "schedule": {...}, "inputs": {...} (`fitted_inputs`), "validation": {...}, "test": {...} (when a test
+        {"labels": [...], "label_warnings": None or {...} (`label_warnings`), "schedule": {...}, "inputs": {...} (`fitted_inputs`), "validation": {...}, "test": {...} (when a test
          split is given), "train": {...}, "pooling": "cls", "mean" or "max", "window_loss", "early_stopping": {...}
          (`early_stopping_record`; for a soup, steps and epochs summed over its runs), "collapsed": None or
          {split: {...}, "advice": ...}, and for a soup "soup": {"runs", "members": [each run's seed, validation,
@@ -1027,15 +1082,17 @@ def finetune(config: FinetuneConfig, model_class=None) -> dict[str, Any]:
     _check_output_dir(output_dir, config.overwrite)
     tokenizer = load_tokenizer(config.tokenizer if config.tokenizer is not None else checkpoint, max_length=inputs["positions"])
 
-    # Everything about the data is checked before the (slow) model load.
-    splits = load_splits(**{name: getattr(config, name) for name in SPLIT_OPTIONS})
-    check_text_columns(splits, config.text_column, config.text_pair_column, config.label_column)
+    # Everything about the data is checked before the (slow) model load, its cells in the files' order.
+    splits = read_splits(**{name: getattr(config, name) for name in READ_OPTIONS})
+    check_columns(splits, config.text_column, config.text_pair_column, config.label_column)
+    splits = carve_splits(splits, **{name: getattr(config, name) for name in CARVE_OPTIONS})
     label_names = label_names_of(splits, config.label_column)
     if len(label_names) < 2:
         raise ScratchBertError(f"the data has a single label ({label_names[0]!r}); a classifier needs at least two.")
     label_names = checkpoint_label_order(checkpoint, label_names, config.reinit_head)
     logger.info("%d labels: %s; %s", len(label_names), ", ".join(label_names), ", ".join(f"{k} {len(v)} rows" for k, v in splits.items()))
     splits = encode_labels(splits, config.label_column, label_names)
+    doubtful_labels = label_warnings(splits, label_names)
     splits = tokenize_splits(splits, tokenizer, config.text_column, config.text_pair_column, inputs["max_length"], inputs["truncation"], inputs["windows"])
     if config.window_loss == "text":
         from scratchbert.training.text_loss import texts_of_windows
@@ -1050,7 +1107,7 @@ def finetune(config: FinetuneConfig, model_class=None) -> dict[str, Any]:
     )  # fmt: skip
 
     with determinism_restored():
-        return _train_and_score(config, model_class, tokenizer, splits, label_names, schedule, inputs, output_dir)
+        return _train_and_score(config, model_class, tokenizer, splits, label_names, schedule, inputs, output_dir, doubtful_labels)
 
 
 @dataclass
@@ -1212,7 +1269,8 @@ def keep_soup_or_best_run(trainer, members: list[Member], validation, best_metri
 
 
 def _train_and_score(
-    config: FinetuneConfig, model_class, tokenizer, splits, label_names, schedule: dict, inputs: dict, output_dir: Path
+    config: FinetuneConfig, model_class, tokenizer, splits, label_names, schedule: dict, inputs: dict, output_dir: Path,
+    doubtful_labels: dict | None = None,
 ) -> dict[str, Any]:
     """`finetune`'s training, selection, scoring and saving, on the checked and tokenized data.
 
@@ -1242,6 +1300,7 @@ def _train_and_score(
         log_history = [entry | {"run": k} for k, m in enumerate(members) for entry in m.log_history]
     results = {
         "labels": label_names,
+        "label_warnings": doubtful_labels,
         "schedule": schedule,
         "inputs": inputs,
         "train": together["train"],
