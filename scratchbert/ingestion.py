@@ -127,8 +127,8 @@ def _undecodable(path: str | os.PathLike, encoding: str, err: UnicodeDecodeError
             except UnicodeDecodeError:
                 break
     return DataError(
-        f"{path} is not valid {encoding} text ({err.reason} on line {number}). Convert it, e.g. "
-        f"`iconv -f latin1 -t utf-8 {Path(path).name}`, or pass its real encoding (encoding=...)."
+        f"{path} is not valid {encoding} text ({err.reason} on line {number}). Convert it to {encoding}, e.g. "
+        f"`iconv -f latin1 -t {encoding} {Path(path).name} > {Path(path).stem}.{encoding}.txt` for a Latin-1 file."
     )
 
 
