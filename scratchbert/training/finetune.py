@@ -38,6 +38,7 @@ import json
 import logging
 import math
 import os
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -304,16 +305,16 @@ def label_warnings(splits, label_names: Sequence[str]) -> dict | None:
     warnings = {}
     trained = set(splits["train"]["labels"])
     for name, split in splits.items():
-        unseen = [i for i in split["labels"] if i not in trained]
-        if name != "train" and unseen:
-            counts = {label_names[i]: unseen.count(i) for i in sorted(set(unseen))}
-            warnings.setdefault("not_in_train", {})[name] = counts
-            logger.warning(
-                "the %s data has labels no training row has (%s): the classifier cannot learn them, so those rows count as "
-                "errors. Add training rows with them, or fix or drop those rows%s.", name,
-                ", ".join(f"{label!r} in {rows} row{'s' * (rows > 1)}" for label, rows in counts.items()),
-                "" if name == "test" else " (a held-out validation slice takes a random tenth of train: a label with few rows may land only there)",
-            )  # fmt: skip
+        unseen = Counter(label_names[i] for i in split["labels"] if i not in trained)
+        if name == "train" or not unseen:
+            continue
+        warnings.setdefault("not_in_train", {})[name] = dict(sorted(unseen.items()))
+        logger.warning(
+            "the %s data has labels no training row has (%s): the classifier cannot learn them, so those rows count as "
+            "errors. Add training rows with them, or fix or drop those rows%s.", name,
+            ", ".join(f"{label!r} in {rows} row{'s' * (rows > 1)}" for label, rows in sorted(unseen.items())),
+            "" if name == "test" else " (validation rows held out of train at random can take every row of a rare label)",
+        )  # fmt: skip
     alike = {}
     for label in label_names:
         alike.setdefault(" ".join(label.split()).casefold(), []).append(label)
