@@ -23,10 +23,11 @@ figures), so instead of a rule per CPU this module times the candidates:
 
 The first time a product of a given kind meets a shape bucket (rows rounded up to a power of two,
 K, N), a dtype and a mode (training or inference), each available candidate runs a few times on
-random operands of that shape (a bounded microbenchmark: `MEASURE_FLOPS` per call, at most
-`MEASURE_ROUNDS` rounds, ~0.05-0.3 s per bucket), and its result is checked against torch's own:
+random operands of that shape (a bounded microbenchmark: `MEASURE_FLOPS` per call in inference,
+`TRAINING_MEASURE_FLOPS` in training, at most `MEASURE_ROUNDS` rounds, ~0.05-0.3 s per bucket in
+inference, up to ~0.5 s in training), and its result is checked against torch's own:
 a candidate that raises or disagrees is never chosen, and one must beat "mkl" by `MARGIN` to be
-proposed at all. A proposal is only that: the microbenchmark's operands are cut to fewer rows and
+proposed at all. A proposal is only that: the microbenchmark's operands can be cut to fewer rows and
 sit warm in cache, a model's are not. The next real calls of that bucket alternate between the
 proposal and torch's own call, `CONFIRM_CALLS` timed calls each, and the proposal is kept for the
 rest of the process only if it was `MARGIN` faster on those calls too (`_Trial`). Decisions also
@@ -177,7 +178,11 @@ KERNELS = ("mkl", "onednn", "onednn-packed", "fp32")
 OVERRIDES = ("auto", "mkl", "onednn")
 
 MIN_FLOPS = 2 * 64 * 768 * 768  # smaller products stay on torch's call: a measurement would not pay
-MEASURE_FLOPS = 1e9  # per timed call: ~5 ms at 200 GFLOP/s (the row count is cut to fit)
+MEASURE_FLOPS = 1e9  # per timed inference call: ~5 ms at 200 GFLOP/s (the row count is cut to fit; real calls then confirm)
+# Per timed training call, where no trial on real calls follows: ~60 ms at 330 GFLOP/s, all of a
+# bert-base layer's 2,048-row products uncut. Cut to ~200 rows, the 768 -> 3,072 product ran 12% faster
+# on oneDNN than on MKL; at its 2,048 rows 3% slower (an Intel Xeon with AVX-512, docs/performance.md).
+TRAINING_MEASURE_FLOPS = 2e10
 MEASURE_ROUNDS = 5
 MEASURE_BUDGET_S = 0.05  # per bucket, after the second round
 DROP_AFTER_ONE_ROUND = 1.5  # a candidate this many times slower than the best after one round is out
@@ -423,16 +428,17 @@ def measure(gemm: Gemm, rows: int | None = None, rounds: int = MEASURE_ROUNDS,
             budget_s: float = MEASURE_BUDGET_S) -> dict[str, float]:
     """Seconds per call of each candidate that runs `gemm` correctly (best of `rounds`; bounded).
 
-    A call is cut to at most `MEASURE_FLOPS` (throughput at these shapes changes little with the
-    outer dimensions): the forward and grad_input lose rows (at least 64 are kept), grad_weight,
-    whose inner dimension the rows are, loses output features N instead. rows: time at this many
-    rows, uncut. After the first round, a candidate more than `DROP_AFTER_ONE_ROUND` times slower
+    A call is cut to at most `MEASURE_FLOPS` in inference, where the proposal is then tried on real
+    calls, and `TRAINING_MEASURE_FLOPS` in training, where it is not: the forward and grad_input lose
+    rows (at least 64 are kept), grad_weight, whose inner dimension the rows are, loses output
+    features N instead. rows: time at this many rows, uncut. After the first round, a candidate more than `DROP_AFTER_ONE_ROUND` times slower
     than the best is not timed again; the rounds stop once `budget_s` has passed after the second.
     A candidate that raises, or whose result is not torch's own to rounding, is left out.
     """
     n = gemm.n
     if rows is None:
-        fit = lambda size: max(min(size, int(MEASURE_FLOPS // (gemm.flops(1) * gemm.rows / size))), min(size, 64))  # noqa: E731
+        cap = MEASURE_FLOPS if gemm.inference else TRAINING_MEASURE_FLOPS
+        fit = lambda size: max(min(size, int(cap // (gemm.flops(1) * gemm.rows / size))), min(size, 64))  # noqa: E731
         rows, n = (gemm.rows, fit(gemm.n)) if gemm.product == "grad_weight" else (fit(gemm.rows), gemm.n)
     tolerance = 1e-4 if gemm.dtype == torch.float32 else 2e-2  # relative, over the whole result
     # Outside inference_mode even inside one: the packed copy of an inference tensor is not kept.

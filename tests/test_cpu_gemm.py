@@ -204,6 +204,22 @@ def test_measure_times_every_working_candidate(monkeypatch):
         assert set(cpu_gemm.measure(gemm(dtype=torch.bfloat16))) == set(cpu_gemm.candidates(gemm(dtype=torch.bfloat16)))
 
 
+def test_training_is_measured_at_its_own_rows_and_inference_cut_to_fewer(monkeypatch):
+    """Inference times a cut product (real calls then confirm the pick); training, which has no such
+    trial, times the rows it will run up to `TRAINING_MEASURE_FLOPS` (a cut product picked a kernel
+    slower at the real rows: docs/performance.md)."""
+    monkeypatch.setattr(cpu_gemm, "MEASURE_ROUNDS", 1)
+    monkeypatch.setattr(cpu_gemm, "MEASURE_FLOPS", 2 * 128 * 96 * 80)  # 128 rows of a 96 -> 80 product
+    monkeypatch.setattr(cpu_gemm, "TRAINING_MEASURE_FLOPS", 2 * 1024 * 96 * 80)
+    timed_rows = []
+    original = cpu_gemm._operands
+    monkeypatch.setattr(cpu_gemm, "_operands", lambda g, rows, n: timed_rows.append((g.product, rows, n)) or original(g, rows, n))
+    for product, inference in (("forward", True), ("forward", False), ("grad_input", False), ("grad_weight", False)):
+        cpu_gemm.measure(cpu_gemm.Gemm(product, 512, 96, 80, torch.float32, inference))
+    cpu_gemm.measure(cpu_gemm.Gemm("forward", 4096, 96, 80, torch.float32, False))  # above the training cap: cut
+    assert timed_rows == [("forward", 128, 80), ("forward", 512, 80), ("grad_input", 512, 80), ("grad_weight", 512, 80), ("forward", 1024, 80)]
+
+
 @needs_onednn
 def test_decisions_persist_on_disk_and_only_available_kernels_are_read(monkeypatch, tmp_path):
     path = tmp_path / "gemm.json"
