@@ -431,8 +431,9 @@ def measure(gemm: Gemm, rows: int | None = None, rounds: int = MEASURE_ROUNDS,
     A call is cut to at most `MEASURE_FLOPS` in inference, where the proposal is then tried on real
     calls, and `TRAINING_MEASURE_FLOPS` in training, where it is not: the forward and grad_input lose
     rows (at least 64 are kept), grad_weight, whose inner dimension the rows are, loses output
-    features N instead. rows: time at this many rows, uncut. After the first round, a candidate more than `DROP_AFTER_ONE_ROUND` times slower
-    than the best is not timed again; the rounds stop once `budget_s` has passed after the second.
+    features N instead. rows: time at this many rows, uncut. After the first round, a candidate
+    more than `DROP_AFTER_ONE_ROUND` times slower than the best is not timed again; the rounds stop
+    once `budget_s` has passed after the second.
     A candidate that raises, or whose result is not torch's own to rounding, is left out.
     """
     n = gemm.n

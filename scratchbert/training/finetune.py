@@ -229,14 +229,19 @@ def check_columns(splits, text_column: str, text_pair_column: str | None, label_
                 continue
             for row, text in enumerate(split[column], start=1):
                 if text is None or (isinstance(text, str) and not text.strip()):
-                    raise ScratchBertError(f"row {row} of the {name} data (the first row is 1) has no text in column {column!r}: fill it in or drop the row.")
+                    raise ScratchBertError(f"{_row(row, name)} has no text in column {column!r}: fill it in or drop the row.")
                 if not isinstance(text, str):
-                    raise ScratchBertError(f"row {row} of the {name} data (the first row is 1): column {column!r} holds {text!r}, not a text string.")
+                    raise ScratchBertError(f"{_row(row, name)}: column {column!r} holds {text!r}, not a text string.")
         label = split.features[label_column]
         for row, value in enumerate(split[label_column], start=1):
             # `datasets` writes -1 in a ClassLabel column for "no label"
             if value is None or (isinstance(label, ClassLabel) and not 0 <= value < label.num_classes):
-                raise ScratchBertError(f"row {row} of the {name} data (the first row is 1) has no label in column {label_column!r} (found {value!r}).")
+                raise ScratchBertError(f"{_row(row, name)} has no label in column {label_column!r} (found {value!r}).")
+
+
+def _row(row: int, split: str) -> str:
+    """Where a bad cell is, as a user finds it in the files."""
+    return f"row {row} of the {split} data (the first row is 1)"
 
 
 def label_names_of(splits, label_column: str) -> list[str]:
