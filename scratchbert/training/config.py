@@ -251,7 +251,7 @@ class TrainingArguments:
             "choices": OBJECTIVES,
             "help": "mlm (BERT's masked-language model) or electra (Clark et al. 2020: a small generator fills the masks, "
             "the model learns to tell which tokens were replaced; the discriminator is saved, the generator in "
-            "generator/; not yet measured here: docs/pretrain-command.md)",
+            "generator/; at the budgets measured here far worse than mlm: docs/pretrain-command.md)",
         },
     )
     generator_layers: int | None = field(
