@@ -26,6 +26,7 @@ from scratchbert.training import pretrain as pretrain_module
 from scratchbert.training import schedules
 from scratchbert.training.config import PRESETS, PretrainConfig
 from scratchbert.training.config_file import add_config_arguments, config_from_args
+from scratchbert.training.output_folder import LOCK_FILE, OutputDirLock
 from scratchbert.training.pretrain import NonFiniteLossError, pretrain
 
 REPO = Path(__file__).resolve().parents[1]
@@ -473,6 +474,76 @@ def test_incompatible_checkpoint_is_refused(finished_run, tiny_config):
 def test_tokenizer_vocabulary_must_match_the_model(tiny_config, tmp_path):
     with pytest.raises(ValueError, match=r"the tokenizer has \d+ tokens but the model's vocab_size is 999"):
         pretrain(tiny_config(tmp_path / "run", vocab_size=999))
+
+
+class _MainProcess:
+    """What `OutputDirLock.claim` reads of an Accelerator: the only process."""
+
+    is_main_process = True
+    num_processes = 1
+
+
+# A second process that holds a folder as a running pretraining does, until it is killed.
+HOLD_FOLDER = """
+import sys, time
+from scratchbert.training.output_folder import OutputDirLock
+lock = OutputDirLock(sys.argv[1])
+lock.claim(type("Main", (), {"is_main_process": True, "num_processes": 1})())
+lock.write_holder()
+print("held", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="Windows: runs are not locked")
+def test_a_run_on_a_folder_another_run_holds_is_refused_and_changes_nothing(finished_run, tiny_config, tmp_path):
+    """--resume would write checkpoints between the other run's, --overwrite delete them: both refused."""
+    run = _copy_of(finished_run, tmp_path)
+    env = {**os.environ, "PYTHONPATH": python_path(REPO)}
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_FOLDER, str(run)], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        during = _snapshot(run)
+        for options in ({"resume": True}, {"overwrite": True}):
+            message = rf"{run} is in use by another pretraining run \(process {holder.pid} on .+, since .+ UTC\)\. Wait for it"
+            with pytest.raises(ValueError, match=message):
+                pretrain(tiny_config(run, gradient_accumulation_steps=2, **options))
+        assert _snapshot(run) == during  # every checkpoint, the model and the holder's note untouched
+    finally:
+        holder.kill()
+        holder.wait()
+    with OutputDirLock(run) as lock:  # a killed run holds nothing: the folder is free, its stale note gone
+        lock.claim(_MainProcess())
+        assert not (run / LOCK_FILE).exists()
+
+
+def test_a_run_holds_its_folder_while_it_writes_and_lets_go_after(tiny_config, tmp_path, monkeypatch):
+    output_dir = tmp_path / "run"  # made by the run, and claimed once made
+    seen = []
+    real_train = pretrain_module.train
+
+    def train_while_another_tries(run, timer):
+        with OutputDirLock(output_dir) as other, pytest.raises(ValueError, match=rf"in use by another pretraining run \(process {os.getpid()} on"):
+            other.claim(_MainProcess())
+        seen.append((output_dir / LOCK_FILE).read_text(encoding="utf-8"))
+        return real_train(run, timer)
+
+    monkeypatch.setattr(pretrain_module, "train", train_while_another_tries)
+    pretrain(tiny_config(output_dir, max_steps=2, save_every=0))
+    assert len(seen) == 1 and seen[0].startswith(f"process {os.getpid()} on ")
+    assert not (output_dir / LOCK_FILE).exists()
+
+    # A run refused for bad input lets go as well, and writes nothing into the folder.
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n")
+    folder = tmp_path / "existing"
+    folder.mkdir()
+    with pytest.raises(ValueError, match="no documents|holds no text"):
+        pretrain(tiny_config(folder, train_files=[str(empty)]))
+    assert not any(folder.iterdir())
+    for path in (output_dir, folder):
+        with OutputDirLock(path) as lock:
+            lock.claim(_MainProcess())
 
 
 def test_empty_corpus_is_an_error(tiny_config, tmp_path):

@@ -64,7 +64,7 @@ from scratchbert.training.corpus import build_data, check_vocabulary, make_datal
 from scratchbert.training.data import progress_bars
 from scratchbert.training.electra import GENERATOR_DIR, ElectraForPretraining
 from scratchbert.training.evaluation import evaluate, plateau_report, weight_checksum
-from scratchbert.training.output_folder import CURVES_FILE, KERNEL_DECISIONS_FILE, LOG_FILE, check_output_dir, prepare_output_dir, save_final_model
+from scratchbert.training.output_folder import CURVES_FILE, KERNEL_DECISIONS_FILE, LOG_FILE, OutputDirLock, check_output_dir, prepare_output_dir, save_final_model
 from scratchbert.training.prepared import load_prepared
 from scratchbert.training.plotting import plot_training_curves, read_log
 from scratchbert.training.run_log import RunLog, progress_bar, train_record
@@ -208,12 +208,14 @@ class PretrainResult:
     masked_lm_dir: Path  # the saved masked-language model: output_dir, or with ELECTRA its generator/
 
 
-def setup(config: PretrainConfig, model_class=None, config_class=None) -> tuple[Run, dict | None]:
+def setup(config: PretrainConfig, lock: OutputDirLock, model_class=None, config_class=None) -> tuple[Run, dict | None]:
     """Step 1: build everything, checking the inputs before the output folder is touched.
 
-    Returns the run and the checkpoint state to resume from (None for a fresh start).
+    `lock` is claimed first if the folder exists (no other run may write there meanwhile), else
+    once it is made. Returns the run and the checkpoint state to resume from (None for a fresh start).
     """
     accelerator = build_accelerator(config)
+    lock.claim(accelerator)
     resume_state = check_output_dir(config)
     set_seed(config.seed)  # weights and dropout; the data order and masks have seeds of their own
 
@@ -239,7 +241,7 @@ def setup(config: PretrainConfig, model_class=None, config_class=None) -> tuple[
     model = build_model(config, tokenizer, vocab_size, model_class, config_class)
 
     # Everything is known to be good: only now is the folder cleared (--overwrite) and written.
-    prepare_output_dir(config, accelerator, tokenizer, fresh_start=resume_state is None)
+    prepare_output_dir(config, accelerator, tokenizer, fresh_start=resume_state is None, lock=lock)
 
     optimizer = adamw(
         parameter_groups(model, config.weight_decay),
@@ -456,8 +458,9 @@ def pretrain(config: PretrainConfig, model_class=None, config_class=None, timer=
     """
     started, cpu_started = time.perf_counter(), time.process_time()
     kernels = cpu_gemm.decisions_kept_in(Path(config.output_dir) / KERNEL_DECISIONS_FILE)  # --resume multiplies on the same kernels
-    with progress_bars(config.progress_bar), kernels:  # progress_bar=False silences datasets' and transformers' bars too
-        run, resume_state = setup(config, model_class, config_class)
+    # One run per output folder at a time; progress_bar=False silences datasets' and transformers' bars too.
+    with OutputDirLock(config.output_dir) as lock, progress_bars(config.progress_bar), kernels:
+        run, resume_state = setup(config, lock, model_class, config_class)
         resume(run, resume_state)
         run.setup_seconds = time.perf_counter() - started
         log = train(run, timer)
