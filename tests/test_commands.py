@@ -122,6 +122,10 @@ def test_pretrain_expands_quoted_globs(text_dir, model_dir, tmp_path, capsys, fr
     assert code == 0, err
     log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
     assert log[-1]["type"] == "final" and log[-1]["step"] == 2
+    # On the user's own text the run ends with held-out passages, a word hidden in each, beside the word.
+    shown = out_text.split("what the model fills in (held-out text, the hidden word in brackets; ", 1)[1].splitlines()[1:]
+    passages = [line for line in shown if "[MASK]" in line]
+    assert passages and all(line.rstrip().endswith("]") and line.count("[MASK]") == 1 for line in passages), out_text
 
 
 def test_finetune_expands_quoted_globs(labelled_csvs, model_dir, tmp_path, capsys):

@@ -397,6 +397,30 @@ def test_a_run_that_ends_on_the_plateau_says_so(finished_run, tiny_config, tmp_p
 # --- errors ------------------------------------------------------------------------------
 
 
+def test_held_out_passages_hide_one_whole_word_of_held_out_text(corpus_file, tokenizer_dir):
+    """What `scratchbert pretrain` shows at the end on a user's corpus: held-out text, one word hidden."""
+    from transformers import AutoTokenizer
+
+    from scratchbert.training.evaluation import held_out_passages
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    documents = corpus_file.read_text(encoding="utf-8").split("\n\n")
+    stream = [token for document in documents for token in [*tokenizer(document, add_special_tokens=False)["input_ids"], tokenizer.sep_token_id]]
+    examples = [{"input_ids": [tokenizer.cls_token_id, *stream[k : k + 62], tokenizer.sep_token_id]} for k in range(0, len(stream) - 62, 62)]
+
+    passages = held_out_passages(examples, tokenizer, count=4, seed=3)
+    assert len(passages) == 4
+    for text, word in passages:
+        assert text.count(tokenizer.mask_token) == 1
+        assert word.isalpha() and len(word) >= 3 and word in tokenizer.get_vocab()  # a whole word, one token
+        ids = tokenizer(text.replace(tokenizer.mask_token, word), add_special_tokens=False)["input_ids"]
+        assert any(ids == example["input_ids"][k : k + len(ids)] for example in examples for k in range(64)), text  # text it was given
+        assert not set(ids) & set(tokenizer.all_special_ids)  # never across a document boundary
+    assert held_out_passages(examples, tokenizer, count=4, seed=3) == passages  # drawn from the seed
+    assert held_out_passages(examples, tokenizer, count=4, seed=4) != passages
+    assert held_out_passages([{"input_ids": example["input_ids"][:16]} for example in examples], tokenizer) == []  # too short
+
+
 def test_existing_run_needs_resume_or_overwrite(finished_run, tiny_config):
     with pytest.raises(ValueError, match="already holds a run.*--resume.*--overwrite"):
         pretrain(tiny_config(finished_run, gradient_accumulation_steps=2))

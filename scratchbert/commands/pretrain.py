@@ -34,7 +34,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="*",
         metavar="SENTENCE",
         default=None,
-        help="sentences with [MASK] to complete at the end (default: Python-docs examples for the embedded corpus)",
+        help="sentences with [MASK] to complete at the end (default: Python-docs examples for the embedded corpus; "
+        "on your own corpus, held-out passages with a word hidden)",
     )
 
 
@@ -52,11 +53,13 @@ def run(args: argparse.Namespace) -> int:
         print(format_sources(config, sources))
         return 0
     result = pretrain(config)  # --no-progress-bar silences datasets' and transformers' bars too
-    sentences = args.fill_mask
-    if sentences is None:  # the demo's sentences suit the embedded corpus only
-        sentences = DEMO_SENTENCES if not (config.train_files or config.dataset or config.prepared_data) else ()
+    sentences, hidden = args.fill_mask, None
+    if sentences is None:  # the demo's sentences suit the embedded corpus only; on others, held-out text
+        own_corpus = config.train_files or config.dataset or config.prepared_data
+        sentences = [text for text, _ in result.held_out_passages] if own_corpus else DEMO_SENTENCES
+        hidden = [word for _, word in result.held_out_passages] if own_corpus else None
     if sentences and PartialState().is_main_process:
-        print_fill_mask(result.masked_lm_dir, sentences, generator=config.objective == "electra")
+        print_fill_mask(result.masked_lm_dir, sentences, generator=config.objective == "electra", hidden=hidden)
     return 0
 
 

@@ -19,6 +19,7 @@ guess (the "bag-of-words plateau") and only later to read the words around a mas
 from __future__ import annotations
 
 import math
+import random
 
 import torch
 import torch.nn.functional as F
@@ -160,3 +161,45 @@ def weight_checksum(model: torch.nn.Module) -> float:
     for index, parameter in enumerate(model.parameters()):
         total += (parameter.detach().double().cpu().flatten() * (1.0 + 1e-3 * index)).sum()
     return total.item()
+
+
+def _whole_word(tokens: list[str], i: int) -> bool:
+    """tokens[i] is a word of three letters or more that the vocabulary holds whole (no ## piece follows)."""
+    return tokens[i].isalpha() and len(tokens[i]) >= 3 and not tokens[i + 1].startswith("##")
+
+
+def held_out_passages(dataset, tokenizer, count: int = 4, seed: int = 0, context: int = 10) -> list[tuple[str, str]]:
+    """`count` passages of held-out text with one whole word hidden: (text with [MASK], the word).
+
+    What `scratchbert pretrain` shows at the end of a run on the user's own corpus: the model's
+    guesses on text it never trained on, beside the word that was there. Each passage is
+    `context` tokens either side of a word the vocabulary holds whole (alphabetic, three letters
+    or more, no ## piece before or after), from one example of `dataset` (token ids, as the
+    held-out examples are), with no [CLS] or [SEP] inside. The examples and words are drawn with
+    `seed`. Fewer than `count` (or none) when the held-out examples are too short or too few.
+    """
+    rng = random.Random(seed)
+    special = set(tokenizer.all_special_ids)
+    order = list(range(len(dataset)))
+    rng.shuffle(order)
+    passages = []
+    for index in order[: 50 * count]:  # a bounded search: a corpus without such words ends it soon
+        ids = list(dataset[index]["input_ids"])
+        tokens = tokenizer.convert_ids_to_tokens(ids)
+        spots = [
+            i for i in range(context, len(ids) - context - 1)
+            if _whole_word(tokens, i) and not special.intersection(ids[i - context : i + context + 1])
+            and not tokens[i - context].startswith("##")  # the passage starts on a word
+        ]  # fmt: skip
+        if not spots:
+            continue
+        i = rng.choice(spots)
+        end = i + context + 1
+        while end < len(ids) and tokens[end].startswith("##") and ids[end] not in special:
+            end += 1  # do not cut the last word in two
+        left, right = (tokenizer.decode(part, clean_up_tokenization_spaces=True) for part in (ids[i - context : i], ids[i + 1 : end]))
+        text = f"{left} {tokenizer.mask_token} {right}"  # "doesn't", not "doesn ' t": it tokenizes the same
+        passages.append((text, tokens[i]))
+        if len(passages) == count:
+            break
+    return passages

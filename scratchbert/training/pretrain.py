@@ -43,6 +43,7 @@ from __future__ import annotations
 import gc
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -63,7 +64,7 @@ from scratchbert.training.config import PretrainConfig
 from scratchbert.training.corpus import build_data, check_vocabulary, make_dataloaders, make_long_loader
 from scratchbert.training.data import progress_bars
 from scratchbert.training.electra import GENERATOR_DIR, ElectraForPretraining
-from scratchbert.training.evaluation import evaluate, plateau_report, weight_checksum
+from scratchbert.training.evaluation import evaluate, held_out_passages, plateau_report, weight_checksum
 from scratchbert.training.output_folder import CURVES_FILE, KERNEL_DECISIONS_FILE, LOG_FILE, OutputDirLock, check_output_dir, prepare_output_dir, save_final_model
 from scratchbert.training.prepared import load_prepared
 from scratchbert.training.plotting import plot_training_curves, read_log
@@ -165,7 +166,7 @@ class Run:
     eval_loader: DataLoader
     train_collate: SeededCollator
     train_examples: int | None  # None for a stream, whose length is not known in advance
-    eval_examples: int
+    eval_dataset: object  # the held-out examples (token ids)
     vocab_size: int
     budget_schedule: TimeBudgetSchedule | None = None
     position: Position = field(default_factory=Position)
@@ -174,6 +175,10 @@ class Run:
     long_loader: DataLoader | None = None  # --long-phase: its examples and masks
     long_collate: SeededCollator | None = None
     eval_metrics: dict = field(default_factory=dict)
+
+    @property
+    def eval_examples(self) -> int:
+        return len(self.eval_dataset)
 
     @property
     def output_dir(self) -> Path:
@@ -206,6 +211,7 @@ class PretrainResult:
     eval_metrics: dict
     seconds: float
     masked_lm_dir: Path  # the saved masked-language model: output_dir, or with ELECTRA its generator/
+    held_out_passages: list[tuple[str, str]]  # held-out text with a word hidden, and the word (`held_out_passages`)
 
 
 def setup(config: PretrainConfig, lock: OutputDirLock, model_class=None, config_class=None) -> tuple[Run, dict | None]:
@@ -266,7 +272,7 @@ def setup(config: PretrainConfig, lock: OutputDirLock, model_class=None, config_
     train_examples = None if config.streaming else len(train_dataset)
     run = Run(
         config, accelerator, tokenizer, model, optimizer, scheduler, train_loader, eval_loader, train_collate,
-        train_examples, len(eval_dataset), vocab_size, budget_schedule, long_loader=long_loader, long_collate=long_collate,
+        train_examples, eval_dataset, vocab_size, budget_schedule, long_loader=long_loader, long_collate=long_collate,
     )  # fmt: skip
     return run, resume_state
 
@@ -431,7 +437,8 @@ def finish(run: Run, log: RunLog, started: float, cpu_started: float) -> Pretrai
     if plateau is not None:
         accelerator.print(f"warning: {plateau}")
     shut_down(run)
-    return PretrainResult(output_dir, position.step, metrics, seconds, output_dir / GENERATOR_DIR if electra else output_dir)
+    passages = held_out_passages(run.eval_dataset, run.tokenizer, seed=run.config.seed)
+    return PretrainResult(output_dir, position.step, metrics, seconds, output_dir / GENERATOR_DIR if electra else output_dir, passages)
 
 
 def shut_down(run: Run) -> None:
@@ -538,14 +545,17 @@ def _stop_if_not_finite(accelerator: Accelerator, window: dict, loss: torch.Tens
 # ---------------------------------------------------------------------------------------------
 # 3. Showing what the model learned
 # ---------------------------------------------------------------------------------------------
-def print_fill_mask(model_dir: str | Path, sentences, top_k: int = 5, generator: bool = False) -> None:
+def print_fill_mask(model_dir: str | Path, sentences, top_k: int = 5, generator: bool = False, hidden: Sequence[str] | None = None) -> None:
     """The saved model's top guesses at each sentence's [MASK], loaded back from disk as a user would.
 
     `generator`: `model_dir` is an ELECTRA run's generator (its discriminator has no MLM head), and the heading says so.
+    `hidden`: the word behind each sentence's one [MASK] (held-out text, `held_out_passages`), shown beside the guesses.
     """
     model, tokenizer = load_masked_lm(model_dir)
     who = "the ELECTRA generator (the saved discriminator has no MLM head)" if generator else "the model"
-    print(f"\nwhat {who} fills in (top {top_k}, loaded back from {model_dir}):")
-    for sentence in sentences:
+    where = "held-out text, the hidden word in brackets" if hidden else f"top {top_k}"
+    print(f"\nwhat {who} fills in ({where}; loaded back from {model_dir}):")
+    for index, sentence in enumerate(sentences):
+        truth = f"   [{hidden[index]}]" if hidden else ""
         for guesses in fill_mask(model, tokenizer, sentence, top_k):
-            print(f"  {sentence}\n      -> " + ", ".join(f"{token} ({p:.2f})" for token, p in guesses))
+            print(f"  {sentence}{truth}\n      -> " + ", ".join(f"{token} ({p:.2f})" for token, p in guesses))
