@@ -180,10 +180,9 @@ def held_out_passages(dataset, tokenizer, count: int = 4, seed: int = 0, context
     """
     rng = random.Random(seed)
     special = set(tokenizer.all_special_ids)
-    order = list(range(len(dataset)))
-    rng.shuffle(order)
     passages = []
-    for index in order[: 50 * count]:  # a bounded search: a corpus without such words ends it soon
+    # A bounded search (a corpus without such words ends it soon), whatever the held-out set's size.
+    for index in rng.sample(range(len(dataset)), min(len(dataset), 50 * count)):
         ids = list(dataset[index]["input_ids"])
         tokens = tokenizer.convert_ids_to_tokens(ids)
         spots = [
