@@ -577,6 +577,14 @@ def test_empty_corpus_is_an_error(tiny_config, tmp_path):
         pretrain(tiny_config(tmp_path / "run", train_files=[str(empty)]))
 
 
+def test_too_few_documents_is_an_error_that_says_how_many_are_needed(tiny_config, tmp_path):
+    two = tmp_path / "two.jsonl"
+    two.write_text('{"text": "a good film with a good story."}\n{"text": "a bad film with a bad story."}\n')
+    with pytest.raises(ValueError, match=r"has 2 document\(s\) and pretraining needs at least 4: 2 held out .* each row of a table is one"):
+        pretrain(tiny_config(tmp_path / "run", train_files=[str(two)]))
+    assert not (tmp_path / "run").exists()
+
+
 class LossTurnsNaN(ScratchBertForPreTraining):
     """Returns a NaN loss from the 9th forward pass on (step 5 without accumulation)."""
 

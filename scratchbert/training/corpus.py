@@ -82,9 +82,9 @@ def split_documents(documents: Sequence[str], eval_fraction: float, seed: int) -
     """
     if len(documents) < 4:
         raise ScratchBertError(
-            f"the corpus has {len(documents)} document(s); NSP needs several documents for random "
-            "'NotNext' partners and a held-out split needs at least 2 more. Add text or split it into documents "
-            "(blank lines separate documents in text files)."
+            f"the corpus has {len(documents)} document(s) and pretraining needs at least 4: 2 held out to "
+            "evaluate on, the rest to train on (and with NSP to draw 'NotNext' partners from). Add text or split "
+            "it into documents (blank lines separate documents in text files; each row of a table is one)."
         )
     order = torch.randperm(len(documents), generator=torch.Generator().manual_seed(seed)).tolist()
     n_eval = max(2, round(eval_fraction * len(documents)))
