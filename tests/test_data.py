@@ -175,6 +175,22 @@ def test_load_documents_bad_input_gets_clear_errors(tmp_path, monkeypatch):
         load_documents("no-such-owner/no-such-corpus")
 
 
+def test_an_unreachable_hub_name_is_one_line_without_the_hubs_retry_notices(monkeypatch, caplog):
+    """No network (not offline mode): huggingface_hub logs each retry at WARNING above the error."""
+    import logging
+
+    def unreachable(name, *args, **kwargs):
+        logging.getLogger("huggingface_hub.utils._http").warning("'[Errno -2] Name or service not known' thrown while requesting HEAD https://huggingface.co/datasets/%s", name)
+        raise ConnectionError(f"Couldn't reach '{name}' on the Hub (LocalEntryNotFoundError)")
+
+    monkeypatch.setattr(datasets, "load_dataset", unreachable)
+    before = logging.getLogger("huggingface_hub").level
+    with caplog.at_level(logging.WARNING), pytest.raises(FileNotFoundError, match=r"ConnectionError: Couldn't reach 'no-such-owner/corpus'"):
+        load_documents("no-such-owner/corpus")
+    assert "thrown while requesting" not in caplog.text
+    assert logging.getLogger("huggingface_hub").level == before  # as it was
+
+
 # -- sentences -------------------------------------------------------------------
 
 
