@@ -17,7 +17,7 @@ from transformers import BertConfig
 
 from scratchbert.configuration_scratchbert import ScratchBertConfig
 from scratchbert.errors import ScratchBertError
-from scratchbert.weights import BIN_INDEX, SAFETENSORS_INDEX, check_weights, weight_files
+from scratchbert.weights import BIN_INDEX, SAFETENSORS_INDEX, check_weights, model_folder, weight_files
 
 # Configuration keys that only scratchbert (or its remote-code loading) uses. BERT's heads always
 # pool on [CLS] ("cls" is what a BERT checkpoint means), and a "mean" or "max" classifier is refused.
@@ -32,7 +32,7 @@ def export_to_transformers_bert(checkpoint_dir: str | Path, out_dir: str | Path)
     transformers' `BertTokenizer` with the same vocabulary and casing.
     Returns the output directory.
     """
-    src, out = Path(checkpoint_dir), Path(out_dir)
+    src, out = model_folder(checkpoint_dir), Path(out_dir)  # a Hub name: its copy in the Hub's cache
     names = check_weights(src)  # every weight file reads whole, or one line says which does not
     weights = weight_files(src)
     weights += [src / index for index in (SAFETENSORS_INDEX, BIN_INDEX) if (src / index).is_file()]

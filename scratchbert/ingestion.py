@@ -31,7 +31,6 @@ import bz2
 import codecs
 import glob
 import gzip
-import logging
 import lzma
 import os
 import re
@@ -39,6 +38,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 from scratchbert.errors import MissingFileError, ScratchBertError
+from scratchbert.weights import quiet_hub_retries
 
 # A compression suffix is looked through to find the format: reviews.jsonl.gz is JSON lines.
 COMPRESSIONS = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
@@ -389,19 +389,15 @@ def load_table(files: Sequence[str | os.PathLike], what: str = "the data", strea
 def _load_hub(name: str, config_name: str | None, split: str | None, streaming: bool, cache_dir=None):
     import datasets
 
-    hub_logger = logging.getLogger("huggingface_hub")  # its retry notices ("... thrown while requesting HEAD ...")
-    level = hub_logger.level
-    hub_logger.setLevel(logging.ERROR)  # would print above the one line below
     try:
-        return datasets.load_dataset(name, config_name, split=split, streaming=streaming, cache_dir=cache_dir)
+        with quiet_hub_retries():
+            return datasets.load_dataset(name, config_name, split=split, streaming=streaming, cache_dir=cache_dir)
     except Exception as err:  # offline, unknown name, missing config: all reach the user as one message
         first_line = str(err).splitlines()[0] if str(err) else ""
         raise MissingFileError(
             f"{name!r} is not an existing file, glob or saved dataset folder, and loading it as a `datasets` name "
             f"failed ({type(err).__name__}: {first_line}); without network access, pass local files"
         ) from None
-    finally:
-        hub_logger.setLevel(level)
 
 
 def load_named_dataset(name: str, config_name: str | None = None):

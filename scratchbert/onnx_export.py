@@ -40,7 +40,7 @@ from scratchbert.modeling_scratchbert import (
     ScratchBertModel,
     ScratchBertPreTrainedModel,
 )
-from scratchbert.weights import check_weights
+from scratchbert.weights import check_weights, model_folder
 
 # task -> (the model class that loads the checkpoint, its output the graph returns, that output's dynamic axes)
 TASKS: dict[str, tuple[type[ScratchBertPreTrainedModel], str, dict[int, str]]] = {
@@ -110,7 +110,7 @@ def export_onnx(
     """
     if task not in TASKS:
         raise ScratchBertError(f"task={task!r} is not one scratchbert exports; use one of {', '.join(TASKS)}.")
-    model_dir, output = Path(model_dir), Path(output)
+    model_dir, output = model_folder(model_dir), Path(output)  # a Hub name: its copy in the Hub's cache
     model = load_for_task(model_dir, task)
     output.mkdir(parents=True, exist_ok=True)
     path = output / ONNX_FILE

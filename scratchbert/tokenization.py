@@ -54,6 +54,7 @@ from transformers.tokenization_utils_base import BatchEncoding, PaddingStrategy,
 from scratchbert.configuration_scratchbert import ScratchBertConfig
 from scratchbert.errors import MissingFileError, ScratchBertError
 from scratchbert.ingestion import read_lines, text_batches
+from scratchbert.weights import hub_snapshot, is_hub_name
 from scratchbert.wordpiece_trainer import train_wordpiece_vocab
 
 PAD_TOKEN = "[PAD]"
@@ -610,7 +611,7 @@ def _vocab_is_cased(vocab_file: Path) -> bool:
 
 
 def load_tokenizer(path: str | os.PathLike, max_length: int = 512):
-    """The tokenizer saved in a folder (a model's, or one written by `train-tokenizer`).
+    """The tokenizer saved in a folder (a model's, or one written by `train-tokenizer`), or a Hub repository's.
 
     A folder with a saved tokenizer (`tokenizer.json` or `tokenizer_config.json`) loads it
     with `AutoTokenizer`, exactly as saved. A folder with only BERT's `vocab.txt` (older
@@ -618,6 +619,8 @@ def load_tokenizer(path: str | os.PathLike, max_length: int = 512):
     it, lowercasing unless the vocabulary itself holds upper-case tokens.
     """
     path = Path(path)
+    if not path.exists() and is_hub_name(str(path)):  # "bert-base-uncased": the Hub repository's tokenizer
+        path = hub_snapshot(str(path), weights=False)
     if path.is_file() and path.suffix == ".txt":
         return tokenizer_from_vocab(path, lowercase=not _vocab_is_cased(path), model_max_length=max_length)
     if not path.is_dir():

@@ -5,6 +5,8 @@ or `pytorch_model.bin`, or shards named by an index (`*.index.json`). This modul
 place that knows that layout:
 
 - `model_folder` / `read_model_config`: the folder and its config.json, or a `MissingFileError`;
+  a name that is no folder here but a Hugging Face Hub repository's ("bert-base-uncased",
+  "owner/name") is fetched into the Hub's cache first (`hub_snapshot`), as `from_pretrained` would;
 - `weight_files`, `tensor_names`, `tensor_shape`, `check_weights`: the weights, read from the
   file headers only (safetensors headers; a `.bin` mapped from disk with
   `torch.load(weights_only=True)`), or a `CorruptCheckpointError`;
@@ -21,9 +23,12 @@ travel together as remote code).
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
+import logging
 import os
 import pickle
+import re
 from pathlib import Path
 
 from .errors import MissingFileError, ScratchBertError, corrupt_weights
@@ -33,11 +38,58 @@ WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")  # the unsharded forms
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 BIN_INDEX = "pytorch_model.bin.index.json"
 SAVE_HINT = "pass the folder a model was saved to with save_pretrained"
+HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")  # "bert-base-uncased", "owner/name"
+# What a BERT checkpoint needs of a Hub repository: config, weights, tokenizer; not its TF, Flax or ONNX copies.
+TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+HUB_FILES = ("config.json", "model.safetensors", SAFETENSORS_INDEX, "model-*.safetensors", *TOKENIZER_FILES)
+HUB_BIN_FILES = ("pytorch_model.bin", BIN_INDEX, "pytorch_model-*.bin")  # only where there is no safetensors
+
+
+@contextlib.contextmanager
+def quiet_hub_retries():
+    """Inside the block, huggingface_hub's notices of each retry ("... thrown while requesting HEAD
+    ...") stay unprinted: the one-line error that follows a failed fetch says it all."""
+    hub_logger = logging.getLogger("huggingface_hub")
+    level = hub_logger.level
+    hub_logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        hub_logger.setLevel(level)
+
+
+def is_hub_name(name: str) -> bool:
+    """Whether `name`, which is no folder here, names a Hub repository rather than a mistyped path:
+    "name" or "owner/name", not starting with . / ~, and "owner" no folder here either."""
+    return HUB_NAME.fullmatch(name) is not None and not Path(name.split("/")[0]).exists()
+
+
+@functools.cache
+def hub_snapshot(name: str, weights: bool = True) -> Path:
+    """The local copy of the Hub repository `name`: its `HUB_FILES` (and `HUB_BIN_FILES` where it has
+    no safetensors), or with weights=False its `TOKENIZER_FILES` alone, downloaded once into the
+    Hub's cache (HF_HOME), or found there alone when offline (HF_HUB_OFFLINE=1). Once per process."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        with quiet_hub_retries():
+            folder = Path(snapshot_download(name, allow_patterns=list(HUB_FILES if weights else TOKENIZER_FILES)))
+            if weights and not any((folder / file).is_file() for file in ("model.safetensors", SAFETENSORS_INDEX)):
+                folder = Path(snapshot_download(name, allow_patterns=[*HUB_FILES, *HUB_BIN_FILES]))
+    except Exception as err:  # offline, no such repository, gated: one line, as for a missing folder
+        first_line = str(err).splitlines()[0] if str(err) else ""
+        raise MissingFileError(
+            f"no such model folder: {name}, and fetching it from the Hugging Face Hub failed ({type(err).__name__}: "
+            f"{first_line}); without network access, {SAVE_HINT}."
+        ) from None
+    return folder
 
 
 def model_folder(model_dir: str | Path) -> Path:
-    """`model_dir` as a saved model's folder: it exists and holds a config.json."""
+    """`model_dir` as a saved model's folder: it exists and holds a config.json; a Hub name is fetched first."""
     folder = Path(model_dir)
+    if not folder.exists() and is_hub_name(str(model_dir)):
+        folder = hub_snapshot(str(model_dir))
     if not folder.is_dir():
         raise MissingFileError(f"no such model folder: {folder}; {SAVE_HINT}.")
     if not (folder / CONFIG_FILE).is_file():
@@ -159,8 +211,11 @@ def loading_errors(pretrained_model_name_or_path):
 __all__ = [
     "CONFIG_FILE",
     "check_weights",
+    "hub_snapshot",
+    "is_hub_name",
     "loading_errors",
     "model_folder",
+    "quiet_hub_retries",
     "read_model_config",
     "tensor_names",
     "tensor_shape",

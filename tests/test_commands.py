@@ -177,6 +177,66 @@ def test_export_bert_reads_back_what_it_wrote(model_dir, tmp_path, capsys):
     torch.testing.assert_close(theirs(ids).logits, ours(ids).logits, atol=1e-5, rtol=1e-5)
 
 
+@pytest.fixture
+def hub_cache(model_dir, tmp_path, monkeypatch) -> Path:
+    """An offline Hugging Face Hub cache holding one repository, "scratchbert-test/tiny-mlm": the
+    layout `snapshot_download` writes (refs/main names the commit, snapshots/<commit>/ holds its files)."""
+    import huggingface_hub
+
+    from scratchbert import weights
+
+    cache, commit = tmp_path / "hub", "0123456789abcdef0123456789abcdef01234567"
+    repository = cache / "models--scratchbert-test--tiny-mlm"
+    (repository / "refs").mkdir(parents=True)
+    (repository / "refs" / "main").write_text(commit)
+    snapshot = repository / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    for path in model_dir.iterdir():
+        (snapshot / path.name).write_bytes(path.read_bytes())
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    weights.hub_snapshot.cache_clear()
+    yield snapshot
+    weights.hub_snapshot.cache_clear()
+
+
+def test_a_hugging_face_hub_name_is_read_from_the_hubs_cache(hub_cache, model_dir, labelled_csvs, tmp_path, capsys, monkeypatch):
+    """`scratchbert fill-mask --model owner/name` as `from_pretrained("owner/name")`: fetched (here, offline,
+    found in the Hub's cache) instead of "no such model folder"; the tokenizer alone for --tokenizer."""
+    monkeypatch.chdir(tmp_path)  # no folder named scratchbert-test here
+    code, out, err = run(capsys, "fill-mask", "the cat sat on the [MASK].", "--model", "scratchbert-test/tiny-mlm")
+    assert code == 0, err
+    code, local_out, err = run(capsys, "fill-mask", "the cat sat on the [MASK].", "--model", model_dir)
+    assert out == local_out  # the same model
+    code, _, err = run(capsys, "export-bert", "scratchbert-test/tiny-mlm", tmp_path / "bert")
+    assert code == 0 and (tmp_path / "bert" / "model.safetensors").is_file(), err
+    assert (tmp_path / "bert" / "tokenizer.json").is_file()  # the tokenizer too
+    code, out, err = run(
+        capsys, "finetune", "scratchbert-test/tiny-mlm", "--train-file", f"{labelled_csvs}/train*.csv", "--output-dir",
+        tmp_path / "clf", "--epochs", "1", "--batch-size", "8", "--max-length", "32", "--no-show-progress",
+    )  # fmt: skip
+    assert code == 0 and "accuracy" in out.strip().splitlines()[-1], err
+
+    from scratchbert.tokenization import load_tokenizer
+
+    assert load_tokenizer("scratchbert-test/tiny-mlm").get_vocab() == load_tokenizer(model_dir).get_vocab()
+
+    code, _, err = run(capsys, "fill-mask", "a [MASK].", "--model", "scratchbert-test/absent")
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "no such model folder: scratchbert-test/absent, and fetching it from the Hugging Face Hub failed" in err
+
+
+def test_a_mistyped_local_folder_is_not_looked_for_on_the_hub(model_dir, tmp_path, capsys, monkeypatch):
+    import huggingface_hub
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda *a, **k: pytest.fail("went to the Hub"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()
+    for typo in ("runs/tiny2", "./tiny2", str(tmp_path / "tiny2")):
+        code, _, err = run(capsys, "fill-mask", "a [MASK].", "--model", typo)
+        assert code == 2 and "no such model folder" in err and "Hub" not in err, err
+
+
 def test_missing_weights_are_named(model_dir, tmp_path, capsys):
     folder = tmp_path / "no_weights"
     folder.mkdir()

@@ -14,7 +14,7 @@ def add_parser(subparsers) -> None:
         description="Run TEXT through the checkpoint and draw each head's attention weights, tokens on both axes.",
     )
     parser.add_argument("text", help="text to run through the model")
-    parser.add_argument("--model", required=True, help="checkpoint folder (config.json, weights, tokenizer)")
+    parser.add_argument("--model", required=True, help="checkpoint folder (config.json, weights, tokenizer) or Hugging Face Hub name")
     parser.add_argument("--layer", type=int, default=-1, help="layer to draw, from 0; negative counts from the end (default -1, the last)")
     parser.add_argument("--out", required=True, help="image file to write, e.g. attention.png")
     parser.set_defaults(func=run)

@@ -14,7 +14,7 @@ def add_parser(subparsers) -> None:
         description="Copy a scratchbert checkpoint to OUT as model_type 'bert', loadable by transformers' Bert* classes; "
         "what is written is read back and checked.",
     )
-    parser.add_argument("checkpoint", help="directory of a saved scratchbert model")
+    parser.add_argument("checkpoint", help="directory of a saved scratchbert model, or its Hugging Face Hub name")
     parser.add_argument("out", help="directory to write the transformers BERT checkpoint to")
     parser.set_defaults(func=run)
 

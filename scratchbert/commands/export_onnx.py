@@ -14,7 +14,7 @@ def add_parser(subparsers) -> None:
         description="Export MODEL_DIR to OUT/model.onnx with its tokenizer beside it; the graph takes any batch "
         "shape, and when onnxruntime is installed its outputs are compared with PyTorch's before the command succeeds.",
     )
-    parser.add_argument("model_dir", help="folder of a saved model (config.json, weights, tokenizer)")
+    parser.add_argument("model_dir", help="folder of a saved model (config.json, weights, tokenizer) or its Hugging Face Hub name")
     parser.add_argument("out", help="folder to write model.onnx and the tokenizer to")
     parser.add_argument("--task", choices=list(TASKS), default="feature-extraction", help="which outputs the graph has (default: feature-extraction)")
     parser.add_argument("--exporter", choices=("dynamo", "torchscript"), default="dynamo", help="torch.export (default) or the TorchScript tracer")

@@ -15,7 +15,7 @@ def add_parser(subparsers) -> None:
         description="Print the most probable tokens, with their probabilities, at every [MASK] in TEXT.",
     )
     parser.add_argument("text", help='text containing [MASK], e.g. "the capital of france is [MASK]."')
-    parser.add_argument("--model", required=True, help="checkpoint folder with an MLM head (config.json, weights, tokenizer)")
+    parser.add_argument("--model", required=True, help="checkpoint folder with an MLM head (config.json, weights, tokenizer) or Hugging Face Hub name")
     parser.add_argument("--top-k", type=int, default=DEFAULT_TOP_K, help=f"predictions per [MASK] (default {DEFAULT_TOP_K})")
     parser.set_defaults(func=run)
 

@@ -151,7 +151,7 @@ class ModelArguments:
         ),
     )
     tokenizer: str | None = field(
-        default=None, metadata=_resumable("a saved tokenizer directory or a vocab.txt; default: train one on the training text")
+        default=None, metadata=_resumable("a saved tokenizer directory, a vocab.txt or a Hugging Face Hub name; default: train one on the training text")
     )
     vocab_size: int | None = field(
         default=None,

@@ -754,9 +754,9 @@ class FinetuneConfig(ConfigFile):
 
     JOB = "fine-tuning"
 
-    checkpoint: str | None = field(default=None, metadata={"positional": True, "help": "folder of the checkpoint to start from (config.json + weights)"})
+    checkpoint: str | None = field(default=None, metadata={"positional": True, "help": "folder of the checkpoint to start from (config.json + weights), or a Hugging Face Hub name"})
     output_dir: str | None = field(default=None, metadata={"help": "where the fine-tuned model, tokenizer and metrics.json go (required)"})
-    tokenizer: str | None = field(default=None, metadata={"help": "tokenizer folder (default: the checkpoint folder)"})
+    tokenizer: str | None = field(default=None, metadata={"help": "tokenizer folder or Hub name (default: the checkpoint's)"})
     # --- data: local files or a datasets name ---
     train_files: list[str] | None = field(default=None, metadata={"flag": "--train-file", "metavar": "FILE", "help": "CSV/TSV/JSON/JSONL/Parquet file(s) or globs, optionally compressed"})
     validation_files: list[str] | None = field(default=None, metadata={"flag": "--validation-file", "metavar": "FILE", "help": "default: hold out --validation-fraction of train"})
