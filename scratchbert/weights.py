@@ -79,8 +79,8 @@ def hub_snapshot(name: str, weights: bool = True) -> Path:
     except Exception as err:  # offline, no such repository, gated: one line, as for a missing folder
         first_line = str(err).splitlines()[0] if str(err) else ""
         raise MissingFileError(
-            f"no such model folder: {name}, and fetching it from the Hugging Face Hub failed ({type(err).__name__}: "
-            f"{first_line}); without network access, {SAVE_HINT}."
+            f"no such {'model' if weights else 'tokenizer'} folder: {name}, and fetching it from the Hugging Face Hub "
+            f"failed ({type(err).__name__}: {first_line}); without network access, {SAVE_HINT}."
         ) from None
     return folder
 

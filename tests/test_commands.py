@@ -224,6 +224,8 @@ def test_a_hugging_face_hub_name_is_read_from_the_hubs_cache(hub_cache, model_di
     code, _, err = run(capsys, "fill-mask", "a [MASK].", "--model", "scratchbert-test/absent")
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert "no such model folder: scratchbert-test/absent, and fetching it from the Hugging Face Hub failed" in err
+    with pytest.raises(FileNotFoundError, match="no such tokenizer folder: scratchbert-test/absent, and fetching it from the Hugging Face Hub"):
+        load_tokenizer("scratchbert-test/absent")
 
 
 def test_a_mistyped_local_folder_is_not_looked_for_on_the_hub(model_dir, tmp_path, capsys, monkeypatch):
