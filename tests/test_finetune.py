@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import json
 import logging
+import os
 import random
 import runpy
 import sys
@@ -499,6 +500,37 @@ def test_empty_or_missing_data_and_occupied_output_dir(tmp_path, capsys, cli_mai
     (occupied / "keep.txt").write_text("precious")
     code, err = run_cli(cli_main, capsys, scratch_checkpoint, "--train-file", empty, "--output-dir", occupied)
     assert code == 2 and "--overwrite" in err and (occupied / "keep.txt").read_text() == "precious"
+
+
+def test_a_folder_another_run_is_writing_to_is_refused_even_with_overwrite(tmp_path, capsys, cli_main, scratch_checkpoint, monkeypatch):
+    from scratchbert.training import finetune as finetune_module
+    from scratchbert.training.folder_lock import LOCK_FILE, OutputDirLock
+
+    train = write_csv(tmp_path / "train.csv", sentiment_rows(48, seed=4))
+    out = tmp_path / "out"
+    out.mkdir()
+    argv = ["--train-file", train, "--output-dir", out, "--epochs", "1", "--soup", "1", "--overwrite"]
+    main_process = type("Main", (), {"is_main_process": True, "num_processes": 1})()
+    with OutputDirLock(out, "scratchbert finetune") as other:  # as a first fine-tuning still running there
+        other.claim(main_process)
+        other.write_holder()
+        code, err = run_cli(cli_main, capsys, scratch_checkpoint, *argv)
+        assert code == 2 and f"{out} is in use by another run (scratchbert finetune, process {os.getpid()} on " in err
+        assert sorted(path.name for path in out.iterdir()) == [LOCK_FILE]  # nothing of the refused run's
+
+    held = []  # and a run holds its folder while it trains, and lets go at the end
+    real = finetune_module._train_and_score
+
+    def train_while_another_tries(*args, **kwargs):
+        with OutputDirLock(out, "test") as second, pytest.raises(ValueError, match="in use by another run"):
+            second.claim(main_process)
+        held.append(True)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(finetune_module, "_train_and_score", train_while_another_tries)
+    code, err = run_cli(cli_main, capsys, scratch_checkpoint, *argv)
+    assert code == 0 and held, err
+    assert (out / "metrics.json").is_file() and not (out / LOCK_FILE).exists()
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,7 @@ from scratchbert.training import pretrain as pretrain_module
 from scratchbert.training import schedules
 from scratchbert.training.config import PRESETS, PretrainConfig
 from scratchbert.training.config_file import add_config_arguments, config_from_args
-from scratchbert.training.output_folder import LOCK_FILE, OutputDirLock
+from scratchbert.training.folder_lock import LOCK_FILE, OutputDirLock
 from scratchbert.training.pretrain import NonFiniteLossError, pretrain
 
 REPO = Path(__file__).resolve().parents[1]
@@ -510,8 +510,8 @@ class _MainProcess:
 # A second process that holds a folder as a running pretraining does, until it is killed.
 HOLD_FOLDER = """
 import sys, time
-from scratchbert.training.output_folder import OutputDirLock
-lock = OutputDirLock(sys.argv[1])
+from scratchbert.training.folder_lock import OutputDirLock
+lock = OutputDirLock(sys.argv[1], "scratchbert pretrain")
 lock.claim(type("Main", (), {"is_main_process": True, "num_processes": 1})())
 lock.write_holder()
 print("held", flush=True)
@@ -529,14 +529,14 @@ def test_a_run_on_a_folder_another_run_holds_is_refused_and_changes_nothing(fini
         assert holder.stdout.readline().strip() == "held"
         during = _snapshot(run)
         for options in ({"resume": True}, {"overwrite": True}):
-            message = rf"{run} is in use by another pretraining run \(process {holder.pid} on .+, since .+ UTC\)\. Wait for it"
+            message = rf"{run} is in use by another run \(scratchbert pretrain, process {holder.pid} on .+, since .+ UTC\)\. Wait for it"
             with pytest.raises(ValueError, match=message):
                 pretrain(tiny_config(run, gradient_accumulation_steps=2, **options))
         assert _snapshot(run) == during  # every checkpoint, the model and the holder's note untouched
     finally:
         holder.kill()
         holder.wait()
-    with OutputDirLock(run) as lock:  # a killed run holds nothing: the folder is free, its stale note gone
+    with OutputDirLock(run, "test") as lock:  # a killed run holds nothing: the folder is free, its stale note gone
         lock.claim(_MainProcess())
         assert not (run / LOCK_FILE).exists()
 
@@ -547,14 +547,14 @@ def test_a_run_holds_its_folder_while_it_writes_and_lets_go_after(tiny_config, t
     real_train = pretrain_module.train
 
     def train_while_another_tries(run, timer):
-        with OutputDirLock(output_dir) as other, pytest.raises(ValueError, match=rf"in use by another pretraining run \(process {os.getpid()} on"):
+        with OutputDirLock(output_dir, "test") as other, pytest.raises(ValueError, match=rf"in use by another run \(scratchbert pretrain, process {os.getpid()} on"):
             other.claim(_MainProcess())
         seen.append((output_dir / LOCK_FILE).read_text(encoding="utf-8"))
         return real_train(run, timer)
 
     monkeypatch.setattr(pretrain_module, "train", train_while_another_tries)
     pretrain(tiny_config(output_dir, max_steps=2, save_every=0))
-    assert len(seen) == 1 and seen[0].startswith(f"process {os.getpid()} on ")
+    assert len(seen) == 1 and seen[0].startswith(f"scratchbert pretrain, process {os.getpid()} on ")
     assert not (output_dir / LOCK_FILE).exists()
 
     # A run refused for bad input lets go as well, and writes nothing into the folder.
@@ -566,7 +566,7 @@ def test_a_run_holds_its_folder_while_it_writes_and_lets_go_after(tiny_config, t
         pretrain(tiny_config(folder, train_files=[str(empty)]))
     assert not any(folder.iterdir())
     for path in (output_dir, folder):
-        with OutputDirLock(path) as lock:
+        with OutputDirLock(path, "test") as lock:
             lock.claim(_MainProcess())
 
 

@@ -45,6 +45,7 @@ from typing import Any, Sequence
 
 import numpy as np
 import torch
+from accelerate import PartialState
 from transformers import EarlyStoppingCallback, EvalPrediction, TrainerCallback
 
 from scratchbert.configuration_scratchbert import CLASSIFIER_POOLINGS
@@ -53,6 +54,7 @@ from scratchbert.ingestion import load_named_dataset, load_table
 from scratchbert.modeling_scratchbert import IGNORE_INDEX, ScratchBertPreTrainedModel
 from scratchbert.tokenization import load_tokenizer
 from scratchbert.training.config_file import ConfigFile
+from scratchbert.training.folder_lock import OutputDirLock
 from scratchbert.weights import check_weights, model_folder, read_model_config, tensor_shape
 
 logger = logging.getLogger(__name__)
@@ -1112,7 +1114,14 @@ def finetune(config: FinetuneConfig, model_class=None) -> dict[str, Any]:
         schedule["soup"], "s" if schedule["soup"] > 1 else "", schedule["chosen_by"]["soup"], schedule["adversarial"],
     )  # fmt: skip
 
-    with determinism_restored():
+    # The data is good: only now is the folder made, and held against a second run writing there too.
+    state = PartialState()
+    if state.is_main_process:
+        output_dir.mkdir(parents=True, exist_ok=True)
+    state.wait_for_everyone()
+    with OutputDirLock(output_dir, "scratchbert finetune") as lock, determinism_restored():
+        lock.claim(state)
+        lock.write_holder()
         return _train_and_score(config, model_class, tokenizer, splits, label_names, schedule, inputs, output_dir, doubtful_labels)
 
 

@@ -9,22 +9,18 @@
                              a resumed or overwriting run on this machine takes them instead of timing again
       config.json, model.safetensors, the tokenizer's files, training_curves.png: the finished model
       generator/             with --objective electra: the generator (the model above is the discriminator)
-      .pretrain.lock         while a run writes here: which process holds the folder (`OutputDirLock`)
+      .scratchbert.lock      while a run writes here: which process holds the folder (`folder_lock.py`)
 """
 
 from __future__ import annotations
 
-import logging
-import os
 import shutil
-import socket
-import time
 from pathlib import Path
 
 from accelerate import Accelerator
-from accelerate.utils import broadcast_object_list
 
 from scratchbert.errors import ScratchBertError
+from scratchbert.training.folder_lock import OutputDirLock
 from scratchbert.training import checkpoint as ckpt
 from scratchbert.training.config import PretrainConfig
 from scratchbert.training.corpus import TOKENIZER_DIR
@@ -34,87 +30,8 @@ LOG_FILE = "train_log.jsonl"
 CURVES_FILE = "training_curves.png"
 KERNEL_DECISIONS_FILE = "kernel_decisions.json"
 RUN_CONFIG_FILE = "pretrain_config.json"
-LOCK_FILE = ".pretrain.lock"
 # What a finished run leaves in its folder besides checkpoints/ (the model, its tokenizer, the record).
 FINAL_FILES = ("config.json", "model.safetensors", "pytorch_model.bin", "generation_config.json", LOG_FILE, CURVES_FILE)
-
-try:
-    import fcntl
-except ImportError:  # Windows: runs are not locked
-    fcntl = None
-
-logger = logging.getLogger(__name__)
-
-
-class OutputDirLock:
-    """One run at a time per output folder: an exclusive lock on the folder itself.
-
-    A second run given the same --output-dir (a second terminal, a job started twice), here or on
-    another machine that shares the folder, stops with an error instead of writing its
-    checkpoints between the first run's or, with --overwrite, deleting them. The lock is the
-    operating system's (`flock` on the folder), so it ends with the process that holds it: a run
-    that was killed leaves nothing to clean up, and a run refused for bad input writes nothing.
-    Once the run writes, `.pretrain.lock` says who holds the folder, for the error a second run
-    gives. The main process holds it; on a file system without locks (some network mounts), or
-    on Windows, runs are not locked.
-    """
-
-    def __init__(self, output_dir: str | os.PathLike):
-        self.folder = Path(output_dir)
-        self._fd: int | None = None
-
-    def __enter__(self) -> OutputDirLock:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.release()
-
-    def claim(self, accelerator: Accelerator) -> None:
-        """Hold the lock if the folder exists (a no-op once held); raise on every process if another run holds it."""
-        refused = None
-        if accelerator.is_main_process and self._fd is None and self.folder.is_dir():
-            refused = self._try_lock()
-        if accelerator.num_processes > 1:  # only the main process knows, and every process must stop
-            refused = broadcast_object_list([refused])[0]
-        if refused:
-            raise ScratchBertError(refused)
-
-    def _try_lock(self) -> str | None:
-        """Lock the folder; the error message when another process holds it."""
-        if fcntl is None:
-            return None
-        fd = os.open(self.folder, os.O_RDONLY)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            try:
-                holder = (self.folder / LOCK_FILE).read_text(encoding="utf-8").strip()
-            except OSError:
-                holder = "still checking its inputs"
-            return f"{self.folder} is in use by another pretraining run ({holder}). Wait for it to end or stop it, or choose another --output-dir."
-        except OSError as error:  # no locks on this file system: run unlocked
-            os.close(fd)
-            logger.debug("output folder %s not locked: %s", self.folder, error)
-            return None
-        self._fd = fd
-        (self.folder / LOCK_FILE).unlink(missing_ok=True)  # a killed run's: it held the lock no longer
-        return None
-
-    def write_holder(self) -> None:
-        """Say who holds the folder (main process, once the run writes there)."""
-        if self._fd is not None:
-            since = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-            (self.folder / LOCK_FILE).write_text(f"process {os.getpid()} on {socket.gethostname()}, since {since}\n", encoding="utf-8")
-
-    def release(self) -> None:
-        """Let the next run in."""
-        if self._fd is not None:
-            (self.folder / LOCK_FILE).unlink(missing_ok=True)
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-            os.close(self._fd)
-            self._fd = None
-
 
 def check_output_dir(config: PretrainConfig) -> dict | None:
     """Decide between a fresh start and a resumption; return the checkpoint's state to resume from.

@@ -65,7 +65,8 @@ from scratchbert.training.corpus import build_data, check_vocabulary, make_datal
 from scratchbert.training.data import progress_bars
 from scratchbert.training.electra import GENERATOR_DIR, ElectraForPretraining
 from scratchbert.training.evaluation import evaluate, held_out_passages, plateau_report, weight_checksum
-from scratchbert.training.output_folder import CURVES_FILE, KERNEL_DECISIONS_FILE, LOG_FILE, OutputDirLock, check_output_dir, prepare_output_dir, save_final_model
+from scratchbert.training.folder_lock import OutputDirLock
+from scratchbert.training.output_folder import CURVES_FILE, KERNEL_DECISIONS_FILE, LOG_FILE, check_output_dir, prepare_output_dir, save_final_model
 from scratchbert.training.prepared import load_prepared
 from scratchbert.training.plotting import plot_training_curves, read_log
 from scratchbert.training.run_log import RunLog, progress_bar, train_record
@@ -466,7 +467,7 @@ def pretrain(config: PretrainConfig, model_class=None, config_class=None, timer=
     started, cpu_started = time.perf_counter(), time.process_time()
     kernels = cpu_gemm.decisions_kept_in(Path(config.output_dir) / KERNEL_DECISIONS_FILE)  # --resume multiplies on the same kernels
     # One run per output folder at a time; progress_bar=False silences datasets' and transformers' bars too.
-    with OutputDirLock(config.output_dir) as lock, progress_bars(config.progress_bar), kernels:
+    with OutputDirLock(config.output_dir, "scratchbert pretrain") as lock, progress_bars(config.progress_bar), kernels:
         run, resume_state = setup(config, lock, model_class, config_class)
         resume(run, resume_state)
         run.setup_seconds = time.perf_counter() - started

@@ -1,0 +1,95 @@
+"""One run at a time per output folder: `OutputDirLock`, held by `scratchbert pretrain` and `finetune`."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from pathlib import Path
+
+from accelerate import Accelerator, PartialState
+from accelerate.utils import broadcast_object_list
+
+from scratchbert.errors import ScratchBertError
+
+LOCK_FILE = ".scratchbert.lock"  # while a run writes in a folder: which process holds it
+
+try:
+    import fcntl
+except ImportError:  # Windows: runs are not locked
+    fcntl = None
+
+logger = logging.getLogger(__name__)
+
+
+class OutputDirLock:
+    """One run at a time per output folder: an exclusive lock on the folder itself.
+
+    A second run given the same --output-dir (a second terminal, a job started twice), here or on
+    another machine that shares the folder, stops with an error instead of writing its
+    checkpoints between the first run's or, with --overwrite, deleting them. The lock is the
+    operating system's (`flock` on the folder), so it ends with the process that holds it: a run
+    that was killed leaves nothing to clean up, and a run refused for bad input writes nothing.
+    Once the run writes, `LOCK_FILE` says who holds the folder, for the error a second run
+    gives. The main process holds it; on a file system without locks (some network mounts), or
+    on Windows, runs are not locked. `kind` names the run in that file ("scratchbert pretrain").
+    """
+
+    def __init__(self, output_dir: str | os.PathLike, kind: str):
+        self.folder = Path(output_dir)
+        self.kind = kind
+        self._fd: int | None = None
+
+    def __enter__(self) -> OutputDirLock:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+    def claim(self, state: Accelerator | PartialState) -> None:
+        """Hold the lock if the folder exists (a no-op once held); raise on every process if another run holds it."""
+        refused = None
+        if state.is_main_process and self._fd is None and self.folder.is_dir():
+            refused = self._try_lock()
+        if state.num_processes > 1:  # only the main process knows, and every process must stop
+            refused = broadcast_object_list([refused])[0]
+        if refused:
+            raise ScratchBertError(refused)
+
+    def _try_lock(self) -> str | None:
+        """Lock the folder; the error message when another process holds it."""
+        if fcntl is None:
+            return None
+        fd = os.open(self.folder, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            try:
+                holder = (self.folder / LOCK_FILE).read_text(encoding="utf-8").strip()
+            except OSError:
+                holder = "still checking its inputs"
+            return f"{self.folder} is in use by another run ({holder}). Wait for it to end or stop it, or choose another --output-dir."
+        except OSError as error:  # no locks on this file system: run unlocked
+            os.close(fd)
+            logger.debug("output folder %s not locked: %s", self.folder, error)
+            return None
+        self._fd = fd
+        (self.folder / LOCK_FILE).unlink(missing_ok=True)  # a killed run's: it held the lock no longer
+        return None
+
+    def write_holder(self) -> None:
+        """Say who holds the folder (main process, once the run writes there)."""
+        if self._fd is not None:
+            since = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+            holder = f"{self.kind}, process {os.getpid()} on {socket.gethostname()}, since {since}"
+            (self.folder / LOCK_FILE).write_text(holder + "\n", encoding="utf-8")
+
+    def release(self) -> None:
+        """Let the next run in."""
+        if self._fd is not None:
+            (self.folder / LOCK_FILE).unlink(missing_ok=True)
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
