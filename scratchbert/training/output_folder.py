@@ -20,11 +20,11 @@ from pathlib import Path
 from accelerate import Accelerator
 
 from scratchbert.errors import ScratchBertError
-from scratchbert.training.folder_lock import OutputDirLock
 from scratchbert.training import checkpoint as ckpt
 from scratchbert.training.config import PretrainConfig
 from scratchbert.training.corpus import TOKENIZER_DIR
 from scratchbert.training.electra import GENERATOR_DIR, ElectraForPretraining
+from scratchbert.training.folder_lock import OutputDirLock
 
 LOG_FILE = "train_log.jsonl"
 CURVES_FILE = "training_curves.png"
@@ -32,6 +32,7 @@ KERNEL_DECISIONS_FILE = "kernel_decisions.json"
 RUN_CONFIG_FILE = "pretrain_config.json"
 # What a finished run leaves in its folder besides checkpoints/ (the model, its tokenizer, the record).
 FINAL_FILES = ("config.json", "model.safetensors", "pytorch_model.bin", "generation_config.json", LOG_FILE, CURVES_FILE)
+
 
 def check_output_dir(config: PretrainConfig) -> dict | None:
     """Decide between a fresh start and a resumption; return the checkpoint's state to resume from.
