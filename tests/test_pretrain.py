@@ -416,6 +416,7 @@ def test_held_out_passages_hide_one_whole_word_of_held_out_text(corpus_file, tok
         ids = tokenizer(text.replace(tokenizer.mask_token, word), add_special_tokens=False)["input_ids"]
         assert any(ids == example["input_ids"][k : k + len(ids)] for example in examples for k in range(64)), text  # text it was given
         assert not set(ids) & set(tokenizer.all_special_ids)  # never across a document boundary
+        assert text[0].isalnum()  # it starts on a word, not on punctuation
     assert held_out_passages(examples, tokenizer, count=4, seed=3) == passages  # drawn from the seed
     assert held_out_passages(examples, tokenizer, count=4, seed=4) != passages
     assert held_out_passages([{"input_ids": example["input_ids"][:16]} for example in examples], tokenizer) == []  # too short

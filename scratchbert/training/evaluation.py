@@ -168,6 +168,11 @@ def _whole_word(tokens: list[str], i: int) -> bool:
     return tokens[i].isalpha() and len(tokens[i]) >= 3 and not tokens[i + 1].startswith("##")
 
 
+def _starts_a_word(tokens: list[str], i: int) -> bool:
+    """tokens[i] begins a word: a letter or digit, neither a ## piece nor right after an apostrophe."""
+    return tokens[i][:1].isalnum() and not tokens[i].startswith("##") and tokens[i - 1] not in ("'", "’")
+
+
 def held_out_passages(dataset, tokenizer, count: int = 4, seed: int = 0, context: int = 10) -> list[tuple[str, str]]:
     """`count` passages of held-out text with one whole word hidden: (text with [MASK], the word).
 
@@ -186,9 +191,9 @@ def held_out_passages(dataset, tokenizer, count: int = 4, seed: int = 0, context
         ids = list(dataset[index]["input_ids"])
         tokens = tokenizer.convert_ids_to_tokens(ids)
         spots = [
-            i for i in range(context, len(ids) - context - 1)
+            i for i in range(context + 1, len(ids) - context - 1)
             if _whole_word(tokens, i) and not special.intersection(ids[i - context : i + context + 1])
-            and not tokens[i - context].startswith("##")  # the passage starts on a word
+            and _starts_a_word(tokens, i - context)  # not on punctuation, nor on the "t" of "don ' t"
         ]  # fmt: skip
         if not spots:
             continue
