@@ -512,8 +512,7 @@ def test_a_folder_another_run_is_writing_to_is_refused_even_with_overwrite(tmp_p
     argv = ["--train-file", train, "--output-dir", out, "--epochs", "1", "--soup", "1", "--overwrite"]
     main_process = type("Main", (), {"is_main_process": True, "num_processes": 1})()
     with OutputDirLock(out, "scratchbert finetune") as other:  # as a first fine-tuning still running there
-        other.claim(main_process)
-        other.write_holder()
+        other.claim(main_process, writing=True)
         code, err = run_cli(cli_main, capsys, scratch_checkpoint, *argv)
         assert code == 2 and f"{out} is in use by another run (scratchbert finetune, process {os.getpid()} on " in err
         assert sorted(path.name for path in out.iterdir()) == [LOCK_FILE]  # nothing of the refused run's

@@ -513,8 +513,7 @@ HOLD_FOLDER = """
 import sys, time
 from scratchbert.training.folder_lock import OutputDirLock
 lock = OutputDirLock(sys.argv[1], "scratchbert pretrain")
-lock.claim(type("Main", (), {"is_main_process": True, "num_processes": 1})())
-lock.write_holder()
+lock.claim(type("Main", (), {"is_main_process": True, "num_processes": 1})(), writing=True)
 print("held", flush=True)
 time.sleep(600)
 """

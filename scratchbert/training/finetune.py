@@ -1115,13 +1115,8 @@ def finetune(config: FinetuneConfig, model_class=None) -> dict[str, Any]:
     )  # fmt: skip
 
     # The data is good: only now is the folder made, and held against a second run writing there too.
-    state = PartialState()
-    if state.is_main_process:
-        output_dir.mkdir(parents=True, exist_ok=True)
-    state.wait_for_everyone()
     with OutputDirLock(output_dir, "scratchbert finetune") as lock, determinism_restored():
-        lock.claim(state)
-        lock.write_holder()
+        lock.claim(PartialState(), writing=True)
         return _train_and_score(config, model_class, tokenizer, splits, label_names, schedule, inputs, output_dir, doubtful_labels)
 
 

@@ -47,11 +47,20 @@ class OutputDirLock:
     def __exit__(self, *exc) -> None:
         self.release()
 
-    def claim(self, state: Accelerator | PartialState) -> None:
-        """Hold the lock if the folder exists (a no-op once held); raise on every process if another run holds it."""
+    def claim(self, state: Accelerator | PartialState, writing: bool = False) -> None:
+        """Hold the lock if the folder exists (a no-op once held); raise on every process if another run holds it.
+
+        writing: the run writes there from now on, so the folder is made first, and once held it
+        says who holds it.
+        """
         refused = None
-        if state.is_main_process and self._fd is None and self.folder.is_dir():
-            refused = self._try_lock()
+        if state.is_main_process:
+            if writing:
+                self.folder.mkdir(parents=True, exist_ok=True)
+            if self._fd is None and self.folder.is_dir():
+                refused = self._try_lock()
+            if writing and refused is None:
+                self._write_holder()
         if state.num_processes > 1:  # only the main process knows, and every process must stop
             refused = broadcast_object_list([refused])[0]
         if refused:
@@ -79,8 +88,8 @@ class OutputDirLock:
         (self.folder / LOCK_FILE).unlink(missing_ok=True)  # a killed run's: it held the lock no longer
         return None
 
-    def write_holder(self) -> None:
-        """Say who holds the folder (main process, once the run writes there)."""
+    def _write_holder(self) -> None:
+        """Say who holds the folder, in `LOCK_FILE`."""
         if self._fd is not None:
             since = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
             holder = f"{self.kind}, process {os.getpid()} on {socket.gethostname()}, since {since}"

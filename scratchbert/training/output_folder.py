@@ -73,11 +73,8 @@ def prepare_output_dir(config: PretrainConfig, accelerator: Accelerator, tokeniz
     was built. A fresh start saves its tokenizer; a resumed run keeps the one it started with.
     """
     output_dir = Path(config.output_dir)
+    lock.claim(accelerator, writing=True)  # made now; a folder that did not exist when the run started is claimed only now
     if accelerator.is_main_process:
-        output_dir.mkdir(parents=True, exist_ok=True)
-    lock.claim(accelerator)  # a folder that did not exist when the run started is claimed only now
-    if accelerator.is_main_process:
-        lock.write_holder()
         if config.overwrite:
             shutil.rmtree(output_dir / ckpt.CHECKPOINTS, ignore_errors=True)
             shutil.rmtree(output_dir / GENERATOR_DIR, ignore_errors=True)
