@@ -53,6 +53,7 @@ from scratchbert.training.finetune import (
     checkpoint_head_size,
     checkpoint_label_order,
     classification_metrics,
+    carve_splits,
     classifier_pooling_of,
     classify_texts,
     collapse_of,
@@ -71,6 +72,7 @@ from scratchbert.training.finetune import (
     make_trainer,
     mean_of_windows,
     head_and_tail,
+    hold_out_by_label,
     span_metrics,
     token_classification_metrics,
     tokenize_splits,
@@ -393,6 +395,27 @@ def test_finetune_with_adversarial_training_learns_and_records_its_step(tmp_path
     assert moved["validation"]["accuracy"] > 0.9 and moved["collapsed"] is None  # chance is 0.5
     weights = [load_file(tmp_path / name / "model.safetensors")["classifier.weight"] for name in ("adversarial", "plain")]
     assert not torch.equal(*weights)
+
+
+def test_validation_rows_are_held_out_in_each_labels_share_and_every_label_keeps_training_rows():
+    labels = ["common"] * 90 + ["rare"] * 8 + ["twice"] * 2 + ["once"]  # 101 rows, sorted by label as files often are
+    for seed in range(30):
+        train, validation = hold_out_by_label(labels, 0.1, seed)
+        assert sorted(train + validation) == list(range(101))
+        assert len(validation) == 11  # `datasets`' ceil(0.1 * 101)
+        # shares 9, 0.8, 0.2, 0.1: the floors, then the largest remainders; "once" has no row to spare
+        assert {label: [labels[row] for row in validation].count(label) for label in set(labels)} == {"common": 9, "rare": 1, "twice": 1, "once": 0}
+        assert {labels[row] for row in train} == set(labels)
+    assert hold_out_by_label(labels, 0.1, 0) == hold_out_by_label(labels, 0.1, 0)
+    assert hold_out_by_label(labels, 0.1, 0)[1] != hold_out_by_label(labels, 0.1, 1)[1]
+    # no label with two rows: nothing to stratify, a seeded random hold-out of the same size
+    train, validation = hold_out_by_label(["a", "b", "c", "d"], 0.5, 0)
+    assert len(validation) == 2 and sorted(train + validation) == [0, 1, 2, 3]
+
+    rows = Dataset.from_dict({"text": [f"text {i}" for i in range(40)], "label": ["neg"] * 30 + ["pos"] * 10})
+    splits = carve_splits({"train": rows}, "label", validation_fraction=0.2, seed=3)
+    assert sorted(splits["validation"]["label"]) == ["neg"] * 6 + ["pos"] * 2
+    assert sorted([*splits["train"]["text"], *splits["validation"]["text"]]) == sorted(rows["text"])
 
 
 def test_label_names_from_strings_integers_and_class_labels():

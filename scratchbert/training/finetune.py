@@ -73,7 +73,7 @@ DEFAULT_WINDOWS = 4  # windows of DEFAULT_MAX_LENGTH per single text unless aske
 READ_OPTIONS = (
     "train_files", "validation_files", "test_files", "dataset_name", "dataset_config", "train_split", "validation_split", "test_split",
 )  # fmt: skip
-CARVE_OPTIONS = ("validation_fraction", "max_train_samples", "max_eval_samples", "seed")
+CARVE_OPTIONS = ("label_column", "validation_fraction", "max_train_samples", "max_eval_samples", "seed")
 HEAD_KEY = "classifier.weight"  # (K, H) weight of BERT's classification head, in every BERT checkpoint
 DOCS = "docs/finetuning.md"  # what was measured, and why the defaults are what they are
 
@@ -171,13 +171,15 @@ def read_splits(
 
 def carve_splits(
     splits: dict,
+    label_column: str = "label",
     validation_fraction: float = 0.1,
     max_train_samples: int | None = None,
     max_eval_samples: int | None = None,
     seed: int = 42,
 ):
-    """Hold out `validation_fraction` of train when there is no validation split, and take the
-    `max_*_samples` seeded random subsets (files are often sorted by label).
+    """Hold out `validation_fraction` of train when there is no validation split, the same share
+    of every label (`hold_out_by_label`), and take the `max_*_samples` seeded random subsets
+    (files are often sorted by label).
 
     Returns:
         `datasets.DatasetDict` with "train", "validation" and, when given, "test".
@@ -190,9 +192,9 @@ def carve_splits(
             raise ScratchBertError(f"validation_fraction must be between 0 and 1, got {validation_fraction}.")
         if len(splits["train"]) < 2:
             raise ScratchBertError("the training data has one row: give a separate validation file (--validation-file).")
-        held_out = splits["train"].train_test_split(test_size=validation_fraction, seed=seed)
-        splits["train"], splits["validation"] = held_out["train"], held_out["test"]
-        logger.info("held out %d of the training rows for validation", len(splits["validation"]))
+        train_rows, validation_rows = hold_out_by_label(splits["train"][label_column], validation_fraction, seed)
+        splits["train"], splits["validation"] = splits["train"].select(train_rows), splits["train"].select(validation_rows)
+        logger.info("held out %d of the training rows for validation, the same share of each label", len(validation_rows))
     for name, split in splits.items():
         if len(split) == 0:
             raise ScratchBertError(f"the {name} data is empty: it has no rows to evaluate on.")
@@ -200,6 +202,42 @@ def carve_splits(
         if limit is not None and limit < len(split):
             splits[name] = split.shuffle(seed=seed).select(range(limit))
     return datasets.DatasetDict(splits)
+
+
+def hold_out_by_label(labels: Sequence, fraction: float, seed: int) -> tuple[list[int], list[int]]:
+    """Deal the rows into train and validation so that each label keeps its share in both.
+
+    A random hold-out of a few hundred rows can take every row of a rare label (which the
+    classifier then never sees) or none (which the epoch choice then never scores). Here each
+    label gives `fraction` of its rows, rounded so that the total is `datasets`'
+    `ceil(fraction * rows)` (the labels with the largest remainders give one more), and keeps at
+    least one row for training. Only when no label has two rows are rows held out at random.
+
+    Returns:
+        (train row indices, validation row indices), each in a seeded random order.
+    """
+    rng = np.random.default_rng(seed)
+    rows_of = {}  # label -> its row indices, shuffled
+    for row, label in enumerate(labels):
+        rows_of.setdefault(repr(label), []).append(row)  # repr: a key even for a list, which `label_names_of` then refuses
+    rows_of = {label: rng.permutation(rows).tolist() for label, rows in rows_of.items()}
+    total = math.ceil(fraction * len(labels))
+
+    # Each label's share, floored and capped to leave one training row; then the largest remainders.
+    shares = {label: fraction * len(rows) for label, rows in rows_of.items()}
+    taken = {label: min(math.floor(share), len(rows_of[label]) - 1) for label, share in shares.items()}
+    for label in sorted(rows_of, key=lambda label: shares[label] - math.floor(shares[label]), reverse=True):
+        if sum(taken.values()) >= total:
+            break
+        if taken[label] < len(rows_of[label]) - 1:
+            taken[label] += 1
+    if sum(taken.values()) == 0:  # every label has a single row: nothing to stratify
+        order = rng.permutation(len(labels)).tolist()
+        return order[total:], order[:total]
+
+    validation = [row for label, rows in rows_of.items() for row in rows[: taken[label]]]
+    train = [row for label, rows in rows_of.items() for row in rows[taken[label] :]]
+    return rng.permutation(train).tolist(), rng.permutation(validation).tolist()
 
 
 # ---------------------------------------------------------------------------
@@ -318,9 +356,8 @@ def label_warnings(splits, label_names: Sequence[str]) -> dict | None:
         warnings.setdefault("not_in_train", {})[name] = dict(sorted(unseen.items()))
         logger.warning(
             "the %s data has labels no training row has (%s): the classifier cannot learn them, so those rows count as "
-            "errors. Add training rows with them, or fix or drop those rows%s.", name,
+            "errors. Add training rows with them, or fix or drop those rows.", name,
             ", ".join(f"{label!r} in {rows} row{'s' * (rows > 1)}" for label, rows in sorted(unseen.items())),
-            "" if name == "test" else " (validation rows held out of train at random can take every row of a rare label)",
         )  # fmt: skip
     alike = {}
     for label in label_names:
@@ -768,7 +805,7 @@ class FinetuneConfig(ConfigFile):
     train_split: str | None = field(default=None, metadata={"help": "split of --dataset to train on (default: train)"})
     validation_split: str | None = field(default=None, metadata={"help": "split of --dataset to select epochs on (default: validation if present)"})
     test_split: str | None = field(default=None, metadata={"help": "split of --dataset to score at the end"})
-    validation_fraction: float = field(default=0.1, metadata={"help": "held out of train without a validation split"})
+    validation_fraction: float = field(default=0.1, metadata={"help": "held out of train without a validation split, the same share of each label"})
     text_column: str = field(default="text", metadata={"help": "column of the text"})
     text_pair_column: str | None = field(default=None, metadata={"help": "second text of a pair (e.g. hypothesis), joined with [SEP]"})
     label_column: str = field(default="label", metadata={"help": "string or integer labels"})
