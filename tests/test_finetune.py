@@ -588,6 +588,33 @@ def test_head_size_mismatch_is_refused_unless_reinitialised(three_label_checkpoi
     assert isinstance(fresh, ScratchBertForSequenceClassification)
 
 
+def test_loading_says_in_words_what_is_unused_and_new_and_warns_of_a_missing_encoder_weight(tmp_path, scratch_checkpoint, caplog, capfd):
+    from safetensors.torch import save_file
+
+    with caplog.at_level(logging.INFO, logger="scratchbert"):
+        load_sequence_classifier(scratch_checkpoint, ["neg", "pos"], pooling="cls")
+    said = [record.getMessage() for record in caplog.records]
+    assert f"not used from {scratch_checkpoint}: the MLM head" in said
+    assert f"{scratch_checkpoint} has no pooler: it starts from random weights and is trained with the head" in said
+    assert not [record for record in caplog.records if record.levelno >= logging.WARNING]
+    assert "LOAD REPORT" not in capfd.readouterr().err  # transformers' table of the same keys, held back
+
+    cut_short = tmp_path / "cut_short"
+    cut_short.mkdir()
+    (cut_short / "config.json").write_text((scratch_checkpoint / "config.json").read_text())
+    state = load_file(scratch_checkpoint / "model.safetensors")
+    del state["bert.encoder.layer.1.output.dense.weight"]
+    save_file(state, cut_short / "model.safetensors", metadata={"format": "pt"})
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="scratchbert"):
+        load_sequence_classifier(cut_short, ["neg", "pos"])
+    warned = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
+    assert warned == [
+        f"1 weight(s) of the encoder are not in {cut_short} and start from random values (bert.encoder.layer.1.output.dense.weight): "
+        "it may be a checkpoint of another architecture or size, or one cut short. Fine-tuning goes on; check the checkpoint."
+    ]
+
+
 # --------------------------------------------------------------------------- the finetune command
 
 

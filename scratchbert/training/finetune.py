@@ -521,6 +521,58 @@ def classifier_pooling_of(checkpoint: str | Path, pooling: str | None = None, re
     return pooling, "given"
 
 
+# The parts of a checkpoint a classifier leaves unused or starts afresh, by the names' prefix.
+PARTS = {
+    "cls.predictions": "the MLM head",
+    "cls.seq_relationship": "the NSP head",
+    "bert.pooler": "the pooler",
+    "classifier": "the classification head",
+}
+NEW_PARTS = ("the pooler", "the classification head")  # what a pretrained encoder may lack, and a classifier starts afresh
+
+
+@contextlib.contextmanager
+def quiet_load_report():
+    """Hold back transformers' load report (a table of every unused and new weight, logged at
+    each load: five times for a soup); `report_loaded_weights` says the same in a line or two."""
+    from transformers.modeling_utils import logger as loading_logger
+
+    def not_the_report(record: logging.LogRecord) -> bool:  # a filter, not a level: other warnings still pass
+        return "LOAD REPORT" not in str(record.msg)
+
+    loading_logger.addFilter(not_the_report)
+    try:
+        yield
+    finally:
+        loading_logger.removeFilter(not_the_report)
+
+
+def part_of(key: str) -> str:
+    """The part of BERT a state-dict key belongs to, in words ("cls.predictions.bias" -> "the MLM head")."""
+    return next((part for prefix, part in PARTS.items() if key == prefix or key.startswith(prefix + ".")), key)
+
+
+def report_loaded_weights(checkpoint, loading: dict) -> None:
+    """Log what `from_pretrained(output_loading_info=True)` found: the checkpoint's parts the
+    classifier does not use (its pretraining heads), a pooler that starts from random weights
+    and, as a warning, any other weight the checkpoint lacks but the classification head (which
+    `load_sequence_classifier` speaks of): an encoder that starts partly at random is a
+    checkpoint of another shape, or one cut short."""
+    unused = sorted({part_of(key) for key in loading["unexpected_keys"]})
+    if unused:
+        logger.info("not used from %s: %s", checkpoint, ", ".join(unused))
+    missing = {key: part_of(key) for key in loading["missing_keys"]}
+    if "the pooler" in missing.values():
+        logger.info("%s has no pooler: it starts from random weights and is trained with the head", checkpoint)
+    stray = sorted(key for key, part in missing.items() if part not in NEW_PARTS)
+    if stray:
+        logger.warning(
+            "%d weight(s) of the encoder are not in %s and start from random values (%s): it may be a checkpoint of another "
+            "architecture or size, or one cut short. Fine-tuning goes on; check the checkpoint.",
+            len(stray), checkpoint, ", ".join(stray[:5]) + (", ..." if len(stray) > 5 else ""),
+        )  # fmt: skip
+
+
 def load_sequence_classifier(
     checkpoint: str | Path, label_names: Sequence[str], reinit_head: bool = False, model_class=None, pooling: str | None = None
 ):
@@ -558,14 +610,17 @@ def load_sequence_classifier(
         raise ScratchBertError(f"pooling={pooling!r} needs scratchbert's classifier: {model_class.__name__} pools the [CLS] vector only.")
     logger.info("the classifier reads %s (%s)", POOLING_WORDS[pooling], chosen_by)
     id2label = dict(enumerate(label_names))
-    model = model_class.from_pretrained(
-        str(folder),
-        num_labels=num_labels,
-        id2label=id2label,
-        label2id={name: i for i, name in id2label.items()},
-        ignore_mismatched_sizes=reinit_head,  # only reached with a mismatch when the user asked for a new head
-        **options,
-    )
+    with quiet_load_report():
+        model, loading = model_class.from_pretrained(
+            str(folder),
+            num_labels=num_labels,
+            id2label=id2label,
+            label2id={name: i for i, name in id2label.items()},
+            ignore_mismatched_sizes=reinit_head,  # only reached with a mismatch when the user asked for a new head
+            output_loading_info=True,
+            **options,
+        )
+    report_loaded_weights(checkpoint, loading)
     if reinit_head and head_size == num_labels:
         # the loaded head had the right size, so from_pretrained kept it; start it afresh as asked
         model.classifier.weight.data.normal_(mean=0.0, std=model.config.initializer_range)
