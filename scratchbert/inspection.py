@@ -16,21 +16,18 @@ layer over these functions.
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from transformers import PreTrainedModel
-from transformers.utils import logging as hf_logging
 
 from scratchbert.errors import MissingFileError, ScratchBertError
 from scratchbert.modeling_scratchbert import ScratchBertForMaskedLM, ScratchBertModel
 from scratchbert.tokenization import MASK_TOKEN, load_tokenizer
-from scratchbert.weights import check_weights, model_folder
+from scratchbert.weights import check_weights, model_folder, quiet_loading
 
 DEFAULT_TOP_K = 5
 # Heatmap sizing: a panel grows with the number of tokens so their labels stay legible,
@@ -43,21 +40,6 @@ FIGURE_DPI = 100
 # --------------------------------------------------------------------------------------
 # Loading a checkpoint folder
 # --------------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def _quiet_transformers() -> Iterator[None]:
-    """Silence transformers' load report and progress bar; this module checks the loaded keys itself."""
-    verbosity = hf_logging.get_verbosity()
-    progress = hf_logging.is_progress_bar_enabled()
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        hf_logging.set_verbosity(verbosity)
-        if progress:
-            hf_logging.enable_progress_bar()
 
 
 def _check_model_dir(model_dir: str | Path) -> Path:
@@ -73,7 +55,7 @@ def load_masked_lm(model_dir: str | Path) -> tuple[ScratchBertForMaskedLM, objec
     sentence-embedding model): its predictions would come from random weights.
     """
     model_dir = _check_model_dir(model_dir)
-    with _quiet_transformers():
+    with quiet_loading():
         model, info = ScratchBertForMaskedLM.from_pretrained(model_dir, output_loading_info=True)
     untrained = sorted(key for key in info["missing_keys"] if not key.startswith("cls.predictions.decoder"))
     if untrained:
@@ -92,7 +74,7 @@ def load_masked_lm(model_dir: str | Path) -> tuple[ScratchBertForMaskedLM, objec
 def load_encoder(model_dir: str | Path) -> tuple[ScratchBertModel, object]:
     """A checkpoint's encoder (any head it carries is left out), in eval mode, and its tokenizer."""
     model_dir = _check_model_dir(model_dir)
-    with _quiet_transformers():
+    with quiet_loading():
         model, info = ScratchBertModel.from_pretrained(model_dir, output_loading_info=True)
     # The pooler plays no part in attention, and MLM-only checkpoints do not have one.
     missing = sorted(key for key in info["missing_keys"] if not key.startswith("pooler."))

@@ -11,7 +11,8 @@ place that knows that layout:
   file headers only (safetensors headers; a `.bin` mapped from disk with
   `torch.load(weights_only=True)`), or a `CorruptCheckpointError`;
 - `loading_errors`: around `from_pretrained`, the same one-line errors for what transformers
-  and torch raise on a damaged file.
+  and torch raise on a damaged file; `quiet_loading`: around it, transformers' load report held
+  back, for callers that check the loaded keys themselves.
 
 Every command that reads a checkpoint (finetune, fill-mask, attention-map, export-bert,
 export-onnx) calls `check_weights` first, so a truncated or half-copied file gives the same
@@ -56,6 +57,25 @@ def quiet_hub_retries():
         yield
     finally:
         hub_logger.setLevel(level)
+
+
+@contextlib.contextmanager
+def quiet_loading():
+    """Inside the block, transformers' load report (a table of every unused and new weight) and its
+    "Loading weights" progress bar stay unprinted: for callers that check the loaded keys
+    themselves (`from_pretrained(..., output_loading_info=True)`) and say what matters in words."""
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    progress = hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if progress:
+            hf_logging.enable_progress_bar()
 
 
 def is_hub_name(name: str) -> bool:
@@ -213,6 +233,7 @@ __all__ = [
     "check_weights",
     "hub_snapshot",
     "is_hub_name",
+    "quiet_loading",
     "loading_errors",
     "model_folder",
     "quiet_hub_retries",

@@ -55,7 +55,7 @@ from scratchbert.modeling_scratchbert import IGNORE_INDEX, ScratchBertPreTrained
 from scratchbert.tokenization import load_tokenizer
 from scratchbert.training.config_file import ConfigFile
 from scratchbert.training.folder_lock import OutputDirLock
-from scratchbert.weights import check_weights, model_folder, read_model_config, tensor_shape
+from scratchbert.weights import check_weights, model_folder, quiet_loading, read_model_config, tensor_shape
 
 logger = logging.getLogger(__name__)
 
@@ -531,22 +531,6 @@ PARTS = {
 NEW_PARTS = ("the pooler", "the classification head")  # what a pretrained encoder may lack, and a classifier starts afresh
 
 
-@contextlib.contextmanager
-def quiet_load_report():
-    """Hold back transformers' load report (a table of every unused and new weight, logged at
-    each load: five times for a soup); `report_loaded_weights` says the same in a line or two."""
-    from transformers.modeling_utils import logger as loading_logger
-
-    def not_the_report(record: logging.LogRecord) -> bool:  # a filter, not a level: other warnings still pass
-        return "LOAD REPORT" not in str(record.msg)
-
-    loading_logger.addFilter(not_the_report)
-    try:
-        yield
-    finally:
-        loading_logger.removeFilter(not_the_report)
-
-
 def part_of(key: str) -> str:
     """The part of BERT a state-dict key belongs to, in words ("cls.predictions.bias" -> "the MLM head")."""
     return next((part for prefix, part in PARTS.items() if key == prefix or key.startswith(prefix + ".")), key)
@@ -610,7 +594,7 @@ def load_sequence_classifier(
         raise ScratchBertError(f"pooling={pooling!r} needs scratchbert's classifier: {model_class.__name__} pools the [CLS] vector only.")
     logger.info("the classifier reads %s (%s)", POOLING_WORDS[pooling], chosen_by)
     id2label = dict(enumerate(label_names))
-    with quiet_load_report():
+    with quiet_loading():  # the report below says what transformers' table would, in words
         model, loading = model_class.from_pretrained(
             str(folder),
             num_labels=num_labels,
