@@ -532,8 +532,9 @@ NEW_PARTS = ("the pooler", "the classification head")  # what a pretrained encod
 
 
 def part_of(key: str) -> str:
-    """The part of BERT a state-dict key belongs to, in words ("cls.predictions.bias" -> "the MLM head")."""
-    return next((part for prefix, part in PARTS.items() if key == prefix or key.startswith(prefix + ".")), key)
+    """The part of BERT a state-dict key belongs to, in words ("cls.predictions.bias" -> "the MLM
+    head"), or else its module ("discriminator.dense.weight" -> "discriminator.dense")."""
+    return next((part for prefix, part in PARTS.items() if key == prefix or key.startswith(prefix + ".")), key.rsplit(".", 1)[0])
 
 
 def report_loaded_weights(checkpoint, loading: dict) -> None:
