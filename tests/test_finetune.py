@@ -567,12 +567,14 @@ def three_label_checkpoint(tmp_path_factory, tokenizer):
     return folder
 
 
-def test_head_size_mismatch_is_refused_unless_reinitialised(three_label_checkpoint, scratch_checkpoint):
+def test_head_size_mismatch_is_refused_unless_reinitialised(three_label_checkpoint, scratch_checkpoint, caplog):
     assert checkpoint_head_size(three_label_checkpoint) == 3
     assert checkpoint_head_size(scratch_checkpoint) is None  # an MLM checkpoint has no classifier
     with pytest.raises(ValueError, match="head for 3 labels, but the data has 2.*--reinit-head"):
         load_sequence_classifier(three_label_checkpoint, ["neg", "pos"])
-    model = load_sequence_classifier(three_label_checkpoint, ["neg", "pos"], reinit_head=True)
+    with caplog.at_level(logging.INFO, logger="scratchbert"):
+        model = load_sequence_classifier(three_label_checkpoint, ["neg", "pos"], reinit_head=True)
+    assert f"{three_label_checkpoint}'s classification head for 3 labels is replaced by a new one for 2 (--reinit-head)" in caplog.messages
     state = torch.load(three_label_checkpoint / "pytorch_model.bin", weights_only=True)
     assert model.classifier.weight.shape == (2, TINY["hidden_size"])
     torch.testing.assert_close(model.bert.encoder.layer[1].output.dense.weight, state["bert.encoder.layer.1.output.dense.weight"])

@@ -612,6 +612,8 @@ def load_sequence_classifier(
         model.classifier.bias.data.zero_()
     if head_size is None:
         logger.info("%s has no classification head: training a new one for %d labels", checkpoint, num_labels)
+    elif reinit_head:  # transformers' load report, held back, would have listed a head of another size
+        logger.info("%s's classification head for %d labels is replaced by a new one for %d (--reinit-head)", checkpoint, head_size, num_labels)
     return model
 
 
