@@ -9,7 +9,9 @@ The policy:
 - Anything else (a plain `ValueError`, `TypeError`, ...) is a programming error: a bug in
   scratchbert or in the code calling it.
 - The command line prints a `ScratchBertError` as one line and exits with status 2; every
-  other exception keeps its traceback. `SCRATCHBERT_DEBUG=1` (or `scratchbert --debug`) shows
+  other exception keeps its traceback. Under `accelerate launch` each process prints its own,
+  except an error the processes agreed on (`every_process=True`: the main process found it and
+  told the others, as the folder lock and the NaN check do), which the main process prints once. `SCRATCHBERT_DEBUG=1` (or `scratchbert --debug`) shows
   the traceback of a user's error too.
 """
 
@@ -17,7 +19,15 @@ from __future__ import annotations
 
 
 class ScratchBertError(ValueError):
-    """A problem the user can fix; the message says what it is and how."""
+    """A problem the user can fix; the message says what it is and how.
+
+    every_process: every process of a launch raises this error together, having agreed on it
+    through a collective, so one process saying it is enough.
+    """
+
+    def __init__(self, *args, every_process: bool = False):
+        super().__init__(*args)
+        self.every_process = every_process
 
 
 class MissingFileError(ScratchBertError, FileNotFoundError):

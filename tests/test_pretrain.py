@@ -703,6 +703,31 @@ def test_two_process_ddp_on_cpu(corpus_file, tokenizer_dir, tmp_path):
     assert {"random_states_0.pkl", "random_states_1.pkl", "trainer_state.json"} <= saved  # each rank's RNG streams
 
 
+
+@pytest.mark.skipif(sys.platform == "win32", reason="Windows: runs are not locked")
+def test_a_two_process_launch_on_a_held_folder_is_refused_once_and_on_every_rank(corpus_file, tokenizer_dir, tmp_path):
+    """The main process finds the folder held and tells the other: both stop, and the error is printed once."""
+    output_dir = tmp_path / "held"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": python_path(REPO), "CUDA_VISIBLE_DEVICES": ""}
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_FOLDER, str(output_dir)], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        command = [
+            sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "29518",
+            "-m", "scratchbert.commands.pretrain", "--train-files", str(corpus_file), "--tokenizer", str(tokenizer_dir),
+            "--output-dir", str(output_dir), "--preset", "tiny", "--max-steps", "2", "--resume",
+        ]  # fmt: skip
+        returncode, output = run_launcher(command, env, tmp_path, timeout=180)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert returncode not in (0, None), output[-4000:]
+    refusals = [line for line in output.splitlines() if "is in use by another run" in line]
+    assert len(refusals) == 1, output[-4000:]  # rank 1 stops too, silently
+    assert refusals[0].startswith(f"scratchbert pretrain: error: {output_dir} is in use by another run (scratchbert pretrain, process {holder.pid} on ")
+
+
 # --- the long phase -------------------------------------------------------------------
 
 

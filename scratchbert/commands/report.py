@@ -2,6 +2,7 @@
 
 A `ScratchBertError` is printed as one line, `scratchbert <command>: error: <what and how to
 fix it>`, with exit status 2; any other exception is a bug and propagates with its traceback.
+Under `accelerate launch`, an error all processes agreed on is printed by the main process only.
 `SCRATCHBERT_DEBUG=1` (or `scratchbert --debug`) lets user errors raise with theirs too.
 """
 
@@ -11,6 +12,8 @@ import argparse
 import os
 import sys
 from collections.abc import Callable
+
+from accelerate import PartialState
 
 from scratchbert.errors import ScratchBertError
 
@@ -29,8 +32,14 @@ def report_errors(run: Callable[[argparse.Namespace], int | None], args: argpars
     except ScratchBertError as err:
         if getattr(args, "debug", False) or debugging():
             raise
-        print(f"{prog}: error: {err}", file=sys.stderr)
+        if not err.every_process or _main_process():
+            print(f"{prog}: error: {err}", file=sys.stderr)
         return 2
+
+
+def _main_process() -> bool:
+    """Whether this is the main process of a launch (or the only process)."""
+    return not PartialState().initialized or PartialState().is_main_process
 
 
 __all__ = ["DEBUG_VARIABLE", "debugging", "report_errors"]

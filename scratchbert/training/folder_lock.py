@@ -64,7 +64,7 @@ class OutputDirLock:
         if state.num_processes > 1:  # only the main process knows, and every process must stop
             refused = broadcast_object_list([refused])[0]
         if refused:
-            raise ScratchBertError(refused)
+            raise ScratchBertError(refused, every_process=True)
 
     def _try_lock(self) -> str | None:
         """Lock the folder; the error message when another process holds it."""

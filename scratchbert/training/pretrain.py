@@ -539,7 +539,8 @@ def _stop_if_not_finite(accelerator: Accelerator, window: dict, loss: torch.Tens
         f"the training loss became {loss.item() if not torch.isfinite(loss).all() else 'nan or inf'} at step {step + 1}; training stopped and nothing was saved "
         f"after it. {kept} after lowering --learning-rate (now {config.learning_rate:g})"
         + (", or using --mixed-precision bf16 instead of fp16" if config.mixed_precision == "fp16" else "")
-        + ")."
+        + ").",
+        every_process=True,
     )
 
 
