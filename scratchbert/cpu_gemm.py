@@ -399,6 +399,26 @@ def decisions_kept_in(path: str | Path):
         _kept_in.remove(path)
 
 
+@contextlib.contextmanager
+def decisions_forgotten():
+    """Within the block, kernels are chosen as usual; after it, what was decided in it is forgotten.
+
+    For a trial run (`training.precision` times a few throwaway training steps): its decisions
+    must not stand in for a real run's, which keeps its own in its output folder (above) so that
+    a resumed run sums in the same order. Nothing decided in the block is written to that folder.
+    """
+    tables = (DECISIONS, TRIALS, ATTENTION_DECISIONS, ATTENTION_TRIALS)
+    before, kept_in = [dict(table) for table in tables], list(_kept_in)
+    _kept_in.clear()
+    try:
+        yield
+    finally:
+        for table, entries in zip(tables, before):
+            table.clear()
+            table.update(entries)
+        _kept_in[:] = kept_in
+
+
 def _disk_decisions() -> tuple[Path | None, dict[str, str]]:
     path = os.environ.get("SCRATCHBERT_GEMM_CACHE") or (str(_kept_in[-1]) if _kept_in else None)
     if not path:

@@ -67,6 +67,7 @@ from scratchbert.training.electra import GENERATOR_DIR, ElectraForPretraining
 from scratchbert.training.evaluation import evaluate, held_out_passages, plateau_report, weight_checksum
 from scratchbert.training.folder_lock import OutputDirLock
 from scratchbert.training.output_folder import CURVES_FILE, KERNEL_DECISIONS_FILE, LOG_FILE, check_output_dir, prepare_output_dir, save_final_model
+from scratchbert.training.precision import warn_if_fp32_is_faster
 from scratchbert.training.prepared import load_prepared
 from scratchbert.training.plotting import plot_training_curves, read_log
 from scratchbert.training.run_log import RunLog, progress_bar, train_record
@@ -246,6 +247,9 @@ def setup(config: PretrainConfig, lock: OutputDirLock, model_class=None, config_
     else:
         vocab_size = len(tokenizer)
     model = build_model(config, tokenizer, vocab_size, model_class, config_class)
+    if config.mixed_precision == "bf16" and accelerator.device.type == "cpu" and accelerator.is_main_process and resume_state is None:
+        # bf16 is not faster on every CPU that has bf16 instructions: a few timed steps say (precision.py)
+        warn_if_fp32_is_faster(ScratchBertConfig(vocab_size=vocab_size, **config.model_kwargs()), config.batch_size, config.max_seq_length)
 
     # Everything is known to be good: only now is the folder cleared (--overwrite) and written.
     prepare_output_dir(config, accelerator, tokenizer, fresh_start=resume_state is None, lock=lock)

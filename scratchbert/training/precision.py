@@ -1,0 +1,99 @@
+"""Which precision pretrains faster on this CPU, measured rather than assumed from its flags.
+
+bf16 is not faster on every CPU that lists bf16 instructions. Where oneDNN's bf16 GEMM is slower
+than fp32 (an Intel Xeon whose AMX the hypervisor hides: half the fp32 rate), `cpu_gemm` runs bf16
+products on the fp32 kernel, and what bf16 autocast adds is casts: `tiny` pretrained at 31,000
+tokens/s in bf16 there and 39,500 in fp32 (docs/performance.md). With AMX the answer can be the
+other way round, and at bert-base's size it was a tie there. So a choice that matters is made by timing a few training
+steps of the run's own model and batch shape in each precision: `scripts/bench_pretrain_budget.py
+--mixed-precision auto` pretrains in the faster, and `scratchbert pretrain --mixed-precision bf16`
+on a CPU warns when fp32 would train faster (`warn_if_fp32_is_faster`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from scratchbert import cpu_gemm
+from scratchbert.configuration_scratchbert import ScratchBertConfig
+from scratchbert.modeling_scratchbert import ScratchBertForMaskedLM
+from scratchbert.training.schedules import adamw, parameter_groups
+
+PRECISIONS = {"no": None, "bf16": torch.bfloat16}  # --mixed-precision value -> autocast dtype
+TRIAL_SECONDS = 10.0  # the longest a pretraining run's start waits for the trial; larger models go untimed
+
+logger = logging.getLogger(__name__)
+
+
+def training_rates(
+    model_config: ScratchBertConfig, batch_size: int, seq_length: int, steps: int = 8, warmup: int = 3, rounds: int = 2,
+    max_seconds: float | None = None,
+) -> dict[str, float] | None:
+    """Tokens per second of an MLM pretraining step on this CPU, per `--mixed-precision` value ("no", "bf16").
+
+    A throwaway `ScratchBertForMaskedLM` of `model_config`, on random tokens of the run's batch
+    shape (`batch_size` x `seq_length`, 15% of them predicted): forward under the precision's
+    autocast, backward, fused AdamW. Each precision runs `warmup` untimed steps (cpu_gemm times
+    its kernels on the first calls) and then `rounds` times `steps` timed steps, the rounds of
+    the precisions interleaved; its rate is the best round's, so a moment of load on a shared
+    machine does not decide. The caller's random state and cpu_gemm's kernel decisions are left
+    as they were. max_seconds: if the first step says the whole trial would take longer, None.
+    """
+    generator = torch.Generator().manual_seed(0)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = ScratchBertForMaskedLM(model_config).train()
+    optimizer = adamw(parameter_groups(model, 0.01), torch.device("cpu"), lr=1e-4, betas=(0.9, 0.999), eps=1e-6)
+    input_ids = torch.randint(model_config.vocab_size, (batch_size, seq_length), generator=generator)  # (B, S)
+    labels = torch.where(torch.rand(batch_size, seq_length, generator=generator) < 0.15, input_ids, -100)  # (B, S)
+
+    def run(dtype: torch.dtype | None, count: int) -> float:
+        started = time.perf_counter()
+        for _ in range(count):
+            with torch.random.fork_rng(devices=[]), torch.autocast("cpu", dtype=dtype or torch.bfloat16, enabled=dtype is not None):
+                loss = model(input_ids=input_ids, labels=labels).loss  # dropout draws from a forked stream
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        return count * batch_size * seq_length / (time.perf_counter() - started)
+
+    best = dict.fromkeys(PRECISIONS, 0.0)
+    with cpu_gemm.decisions_forgotten():  # the real run times its kernels itself, and keeps them
+        run(None, 1)  # the first step times cpu_gemm's kernels: the second says what a step costs
+        step_seconds = batch_size * seq_length / run(None, 1)
+        if max_seconds is not None and step_seconds * 2 * (warmup + rounds * steps) > max_seconds:
+            return None
+        for dtype in PRECISIONS.values():
+            run(dtype, warmup)
+        for _ in range(rounds):
+            for name, dtype in PRECISIONS.items():
+                best[name] = max(best[name], run(dtype, steps))
+    return best
+
+
+def faster_precision(rates: dict[str, float]) -> str:
+    """The `--mixed-precision` value with the higher rate; fp32 ("no") unless bf16 is faster."""
+    return "bf16" if rates["bf16"] > rates["no"] else "no"
+
+
+def warn_if_fp32_is_faster(model_config: ScratchBertConfig, batch_size: int, seq_length: int) -> dict[str, float] | None:
+    """`--mixed-precision bf16` on a CPU: time this run's model and batch in both, and warn if fp32 is faster.
+
+    A note, never a change of what was asked. Skipped (None) for a model whose trial would take
+    longer than `TRIAL_SECONDS`: at bert-base's size the GEMMs are most of a step, and bf16 ran at
+    fp32's speed even on the Intel without AMX (8.8 against 8.9 s a step; docs/performance.md).
+    """
+    rates = training_rates(model_config, batch_size, seq_length, max_seconds=TRIAL_SECONDS)
+    if rates is not None and faster_precision(rates) == "no":
+        logger.warning(
+            f"--mixed-precision bf16 trains slower than fp32 on this CPU: {rates['bf16']:,.0f} against {rates['no']:,.0f} "
+            "tokens/s in a timed trial of this model and batch (bf16 autocast adds casts, and without AMX or bf16 units "
+            "its products run on fp32 kernels). --mixed-precision no trains faster; docs/performance.md."
+        )
+    return rates
+
+
+__all__ = ["PRECISIONS", "TRIAL_SECONDS", "training_rates", "faster_precision", "warn_if_fp32_is_faster"]
