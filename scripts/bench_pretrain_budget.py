@@ -12,7 +12,7 @@ James Bible's verses by testament or by their book's kind from ../shared/data/co
   (d) transformers' own recipe for the same wall-clock budget on the same text, tokenizer and
       geometry, i.e. what `run_mlm.py` does: `BertForMaskedLM` + `DataCollatorForLanguageModeling`
       (15%) + `Trainer`, the documents tokenized, concatenated and cut into blocks, peak learning
-      rate 5e-4 with 6% warmup and linear decay, bf16 where the CPU has it. Its step count is
+      rate 5e-4 with 6% warmup and linear decay, in (a)'s precision. Its step count is
       calibrated from timed steps so that its schedule ends at the budget, and a callback stops
       it at the budget in any case;
   (e) optional (`--rows a b c d e`): as (a) with replaced-token detection (`--objective
@@ -62,7 +62,6 @@ import torch
 
 from labelled_sets import IMDB, SETS, cpu_name, have_scikit_learn, imdb_set, tfidf_scores, write_jsonl  # scripts/labelled_sets.py
 
-from scratchbert import cpu_gemm
 from scratchbert.training.config import DEFAULT_VOCAB_SIZE, PretrainConfig
 from scratchbert.training import finetune as finetune_module
 from scratchbert.training.finetune import FinetuneConfig
@@ -334,6 +333,28 @@ def write_label_curve(out: Path, args) -> Path:
     return plot_label_curve({names[key]: curves[key] for key in sorted(curves)}, out / "label_curve.png", title)
 
 
+def choose_mixed_precision(args, vocab_size: int) -> tuple[str, dict | None]:
+    """--mixed-precision auto: a reused pretraining's own precision, else the faster of fp32 and bf16 here, timed
+    on (a)'s model and batch shape; returns the choice and the trial's tokens/s (None when reused)."""
+    from scratchbert import ScratchBertConfig
+    from scratchbert.training.precision import faster_precision, training_rates
+
+    saved = Path(args.out) / "a" / "pretrain_config.json"
+    if args.reuse and saved.is_file():  # the table names the precision its pretraining ran in
+        return json.loads(saved.read_text())["mixed_precision"], None
+    geometry = PretrainConfig(preset=args.preset, **args.pretrain_options).model_kwargs()
+    rates = training_rates(ScratchBertConfig(vocab_size=vocab_size, **geometry), args.batch_size, args.max_seq_length)
+    print(f"mixed precision: {', '.join(f'{name} {rate:,.0f}' for name, rate in rates.items())} tokens/s in a timed trial; "
+          f"pretraining in {faster_precision(rates)}", flush=True)  # fmt: skip
+    return faster_precision(rates), rates
+
+
+def measured_precisions(args) -> str:
+    """What the header says of a precision chosen by `choose_mixed_precision`'s trial."""
+    rates = getattr(args, "precision_rates", None)
+    return f" (the faster in a timed trial: fp32 {rates['no']:,.0f}, bf16 {rates['bf16']:,.0f} tokens/s)" if rates else ""
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--set", default="imdb", choices=SETS, help="the labelled set (scripts/labelled_sets.py)")
@@ -348,8 +369,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument(
         "--mixed-precision", default="auto", choices=["auto", "no", "bf16"],
-        help="pretraining precision of (a), (d), (e); auto: bf16 where the CPU has bf16 units (cpu_gemm.BF16_UNITS), else no "
-        "(an AVX2-only Zen 3 pretrains at half the speed in bf16: docs/pretraining.md)",
+        help="pretraining precision of (a), (d), (e); auto: the faster here, timed on a few steps of the model and batch "
+        "(scratchbert.training.precision; bf16 was slower on an AVX2-only Zen 3 and on an Intel without AMX: docs/performance.md)",
     )  # fmt: skip
     parser.add_argument("--vocab-size", type=int, help="WordPiece vocabulary trained on the pretraining text (default: the set's)")
     parser.add_argument(
@@ -390,8 +411,6 @@ def parse_args(argv=None) -> argparse.Namespace:
         if getattr(args, name) is None:
             setattr(args, name, value)
     args.rows = [row for row in args.rows if row not in args.skip]
-    if args.mixed_precision == "auto":
-        args.mixed_precision = "bf16" if cpu_gemm.BF16_UNITS else "no"
     if args.minutes <= 0:
         parser.error("--minutes must be positive")
     if "c" in args.rows and not have_scikit_learn():  # said before an hour of pretraining, not after it
@@ -466,6 +485,8 @@ def main() -> None:
     else:
         tokenizer = train_tokenizer(texts, vocab_size=args.vocab_size, model_max_length=512, show_progress=False)
         tokenizer.save_pretrained(out / "tokenizer")
+    if args.mixed_precision == "auto":
+        args.mixed_precision, args.precision_rates = choose_mixed_precision(args, len(tokenizer))
     data = labelled_data(rows, out, args)
     mlm_texts = [row["text"] for row in rows["test"][: args.mlm_eval_examples]]
 
@@ -511,7 +532,7 @@ def main() -> None:
     labels = f"{args.train_examples} labels" + (f" + {args.validation_examples} validation" if args.validation_examples else " (10% held out to pick the epoch)")
     lines = [
         f"{args.set}: pretraining budget {args.minutes:g} min, {args.preset} (seq {args.max_seq_length}, vocabulary {len(tokenizer)}, "
-        f"mixed precision {args.mixed_precision}"
+        f"mixed precision {args.mixed_precision}{measured_precisions(args)}"
         f"{''.join(f', {name}={value}' for name, value in args.pretrain_options.items())}), fine-tuned on {labels} "
         f"({args.finetune_length} tokens {args.finetune_options.get('truncation', 'head+tail')}, {finetune_settings(args)}), "
         f"scored on {args.test_examples} test documents, {len(seeds)} seeds; CPU: {cpu_name()}, {torch.get_num_threads()} threads",

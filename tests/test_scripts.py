@@ -238,14 +238,30 @@ def test_budget_bench_without_scikit_learn_refuses_the_tfidf_row_before_pretrain
     assert bench.parse_args(["--rows", "a", "c", "--skip", "c"]).rows == ["a"]
 
 
-@pytest.mark.parametrize("units, chosen", [(True, "bf16"), (False, "no"), (None, "no")])
-def test_budget_bench_pretrains_in_bf16_only_where_the_cpu_has_bf16_units(units, chosen, monkeypatch):
-    # bf16 without bf16 units halves pretraining speed (Zen 3: 7,411 against 14,840 tokens/s in fp32).
+def test_budget_bench_pretrains_in_the_precision_a_timed_trial_finds_faster(monkeypatch, tmp_path):
+    # A rule on the CPU's flags chose wrongly twice: bf16 halves pretraining speed without bf16 units
+    # (Zen 3: 7,411 against 14,840 tokens/s in fp32), and costs a fifth with them but AMX hidden
+    # (Intel Xeon: 31,000 against 39,500). So `auto` times a few steps of (a)'s model and batch.
+    from scratchbert.training import precision
+
     bench = budget_bench_module(monkeypatch)
-    monkeypatch.setattr(bench.cpu_gemm, "BF16_UNITS", units)
-    assert bench.parse_args([]).mixed_precision == chosen
-    assert bench.parse_args(["--mixed-precision", "bf16"]).mixed_precision == "bf16"  # told: as told
-    assert bench.parse_args(["--mixed-precision", "no"]).mixed_precision == "no"
+    assert bench.parse_args([]).mixed_precision == "auto"  # decided in main(), once the tokenizer's size is known
+    asked = []
+    for rates, chosen in (({"no": 39_500.0, "bf16": 31_000.0}, "no"), ({"no": 30_000.0, "bf16": 45_000.0}, "bf16")):
+        trial = lambda config, batch, length, rates=rates: asked.append((config.hidden_size, config.num_hidden_layers, config.vocab_size, batch, length)) or rates  # noqa: E731
+        monkeypatch.setattr(precision, "training_rates", trial)
+        args = bench.parse_args(["--set", "bbc-news", "--pretrain-option", "num_hidden_layers=4", "--out", str(tmp_path)])
+        assert bench.choose_mixed_precision(args, 4000) == (chosen, rates)
+        args.mixed_precision, args.precision_rates = chosen, rates
+        assert bench.measured_precisions(args) == f" (the faster in a timed trial: fp32 {rates['no']:,.0f}, bf16 {rates['bf16']:,.0f} tokens/s)"
+    tiny = bench.PretrainConfig(preset="tiny")
+    assert asked[0] == (tiny.hidden_size, 4, 4000, 32, 64)  # the run's own model, vocabulary and batch
+
+    (tmp_path / "a").mkdir()  # reused: the precision its pretraining ran in, not a new trial's
+    (tmp_path / "a" / "pretrain_config.json").write_text(json.dumps({"mixed_precision": "bf16"}))
+    assert bench.choose_mixed_precision(bench.parse_args(["--out", str(tmp_path), "--reuse"]), 4000) == ("bf16", None)
+    assert len(asked) == 2
+    assert bench.parse_args(["--mixed-precision", "no"]).mixed_precision == "no"  # told: as told
 
 
 def test_budget_bench_refuses_a_pretrain_option_pretraining_does_not_have():
