@@ -345,7 +345,7 @@ def choose_mixed_precision(args, vocab_size: int) -> tuple[str, dict | None]:
     geometry = PretrainConfig(preset=args.preset, **args.pretrain_options).model_kwargs()
     rates = training_rates(ScratchBertConfig(vocab_size=vocab_size, **geometry), args.batch_size, args.max_seq_length)
     print(f"mixed precision: {', '.join(f'{name} {rate:,.0f}' for name, rate in rates.items())} tokens/s in a timed trial; "
-          f"pretraining in {faster_precision(rates)}", flush=True)  # fmt: skip
+          f"pretraining in {'bf16' if faster_precision(rates) == 'bf16' else 'fp32'}", flush=True)  # fmt: skip
     return faster_precision(rates), rates
 
 
