@@ -40,7 +40,8 @@ def training_rates(
     its kernels on the first calls) and then `rounds` times `steps` timed steps, the rounds of
     the precisions interleaved; its rate is the best round's, so a moment of load on a shared
     machine does not decide. The caller's random state and cpu_gemm's kernel decisions are left
-    as they were. max_seconds: if the first step says the whole trial would take longer, None.
+    as they were. max_seconds: None instead if a step (the second: the first times kernels) says
+    the whole trial would take longer.
     """
     generator = torch.Generator().manual_seed(0)
     with torch.random.fork_rng(devices=[]):
