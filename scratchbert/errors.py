@@ -9,10 +9,11 @@ The policy:
 - Anything else (a plain `ValueError`, `TypeError`, ...) is a programming error: a bug in
   scratchbert or in the code calling it.
 - The command line prints a `ScratchBertError` as one line and exits with status 2; every
-  other exception keeps its traceback. Under `accelerate launch` each process prints its own,
-  except an error the processes agreed on (`every_process=True`: the main process found it and
-  told the others, as the folder lock and the NaN check do), which the main process prints once. `SCRATCHBERT_DEBUG=1` (or `scratchbert --debug`) shows
+  other exception keeps its traceback. `SCRATCHBERT_DEBUG=1` (or `scratchbert --debug`) shows
   the traceback of a user's error too.
+- Under `accelerate launch` each process prints its own error, except one the processes agreed
+  on (`every_process=True`: the main process found it and told the others, as the folder lock
+  and the NaN check do), which the main process prints once.
 """
 
 from __future__ import annotations

@@ -13,8 +13,6 @@ import os
 import sys
 from collections.abc import Callable
 
-from accelerate import PartialState
-
 from scratchbert.errors import ScratchBertError
 
 DEBUG_VARIABLE = "SCRATCHBERT_DEBUG"
@@ -38,8 +36,9 @@ def report_errors(run: Callable[[argparse.Namespace], int | None], args: argpars
 
 
 def _main_process() -> bool:
-    """Whether this is the main process of a launch (or the only process)."""
-    return not PartialState().initialized or PartialState().is_main_process
+    """Whether this is the main process of a launch, or the only process (read from `RANK`, which
+    `accelerate launch` sets for each process, so that reporting an error never starts a state)."""
+    return os.environ.get("RANK", "0") == "0"
 
 
 __all__ = ["DEBUG_VARIABLE", "debugging", "report_errors"]
