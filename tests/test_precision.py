@@ -5,7 +5,8 @@ import math
 import torch
 
 from scratchbert import ScratchBertConfig, cpu_gemm
-from scratchbert.training.precision import faster_precision, training_rates
+from scratchbert.training import precision
+from scratchbert.training.precision import auto_precision, faster_precision, training_rates
 
 SMALL = dict(vocab_size=96, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64, max_position_embeddings=32)
 
@@ -24,7 +25,28 @@ def test_a_trial_times_both_precisions_and_leaves_the_random_state_and_kernel_de
     assert torch.equal(torch.get_rng_state(), random_state)
 
 
-def test_the_faster_precision_is_chosen_and_fp32_on_a_tie():
+def test_the_faster_precision_is_chosen_and_fp32_near_a_tie():
     assert faster_precision({"no": 39_500.0, "bf16": 31_000.0}) == "no"  # Intel Xeon, AMX hidden: tiny at 32 x 64
     assert faster_precision({"no": 30_000.0, "bf16": 45_000.0}) == "bf16"
     assert faster_precision({"no": 1.0, "bf16": 1.0}) == "no"
+    assert faster_precision({"no": 8_900.0, "bf16": 9_300.0}) == "no"  # within the timing's noise: fp32
+    assert faster_precision({"no": 32_060.0, "bf16": 59_578.0}) == "bf16"  # AMD EPYC Zen 4, tiny at 32 x 64
+
+
+def test_auto_takes_the_trials_answer_on_a_cpu_fp32_for_a_model_too_large_to_time_and_bf16_on_a_gpu_that_has_it(monkeypatch):
+    model_config = ScratchBertConfig(**SMALL)
+    monkeypatch.setattr(precision, "training_rates", lambda config, batch, length, max_seconds: {"no": 39_500.0, "bf16": 31_000.0})
+    choice, reason = auto_precision(model_config, 32, 64, on_gpu=False)
+    assert choice == "no" and reason == "fp32 39,500, bf16 31,000 tokens/s in a timed trial of this model and batch: training in fp32"
+    monkeypatch.setattr(precision, "training_rates", lambda config, batch, length, max_seconds: None)  # a step too slow to time
+    choice, reason = auto_precision(model_config, 32, 64, on_gpu=False)
+    assert choice == "no" and "too slow to time both precisions in 10 s" in reason and "--mixed-precision bf16" in reason
+
+    def no_trial_on_a_gpu(*args, **kwargs):
+        raise AssertionError("a GPU's precision is not timed")
+
+    monkeypatch.setattr(precision, "training_rates", no_trial_on_a_gpu)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for supported, expected in ((True, "bf16"), (False, "no")):
+        monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: supported)
+        assert auto_precision(model_config, 32, 64, on_gpu=True)[0] == expected

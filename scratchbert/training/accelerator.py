@@ -2,19 +2,53 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
 import torch
-from accelerate import Accelerator
-from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration, is_tensorboard_available
+from accelerate import Accelerator, PartialState
+from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration, broadcast_object_list, is_tensorboard_available
 
+from scratchbert.configuration_scratchbert import ScratchBertConfig
 from scratchbert.errors import ScratchBertError
-from scratchbert.training.config import PretrainConfig
+from scratchbert.training import checkpoint as ckpt
+from scratchbert.training.config import DEFAULT_VOCAB_SIZE, PretrainConfig
+from scratchbert.training.precision import auto_precision
 
 
 def _has_accelerator_device() -> bool:
     return torch.cuda.is_available() or (hasattr(torch, "accelerator") and torch.accelerator.is_available())
+
+
+def settle_mixed_precision(config: PretrainConfig) -> PretrainConfig:
+    """`--mixed-precision auto` made concrete, before the Accelerator that fixes a run's precision exists.
+
+    A resumed run keeps the precision its checkpoint trained in. Otherwise the main process
+    decides (`precision.auto_precision`: on a CPU a timed trial of this model and batch, with
+    the vocabulary size asked for) and tells the others, so every process trains alike. The
+    returned config names the precision chosen, and so does the pretrain_config.json it saves.
+    """
+    if config.mixed_precision != "auto":
+        return config
+    state = PartialState(cpu=not _has_accelerator_device())  # the Accelerator built next shares it
+    decision = [None]
+    if state.is_main_process:
+        decision = [_auto_decision(config)]
+    if state.num_processes > 1:
+        broadcast_object_list(decision, from_process=0)
+    choice, reason = decision[0]
+    state.print(f"--mixed-precision auto: {reason}")
+    return dataclasses.replace(config, mixed_precision=choice)
+
+
+def _auto_decision(config: PretrainConfig) -> tuple[str, str]:
+    checkpoints = ckpt.list_checkpoints(config.output_dir) if config.resume else []
+    if checkpoints:
+        resumed = ckpt.read_trainer_state(checkpoints[-1][1])["config"].get("mixed_precision", "no")
+        return resumed, f"{'fp32' if resumed == 'no' else resumed}, the precision of the checkpoint this run continues"
+    model_config = ScratchBertConfig(vocab_size=config.vocab_size or DEFAULT_VOCAB_SIZE, **config.model_kwargs())
+    return auto_precision(model_config, config.batch_size, config.max_seq_length, on_gpu=_has_accelerator_device())
 
 
 def build_accelerator(config: PretrainConfig) -> Accelerator:

@@ -52,7 +52,7 @@ PRESETS: dict[str, tuple[int, int]] = {
     "base": (12, 768),
 }
 HEAD_DIM = 64  # every released BERT uses 64-dimensional attention heads
-MIXED_PRECISION_CHOICES = ("no", "bf16", "fp16")
+MIXED_PRECISION_CHOICES = ("no", "bf16", "fp16", "auto")
 DEFAULT_VOCAB_SIZE = 4096  # the embedded corpus has ~65k words; BERT's English vocabularies have ~30k
 PACKINGS = ("full-sentences", "sentence-pairs")
 OBJECTIVES = ("mlm", "electra")
@@ -281,8 +281,13 @@ class TrainingArguments:
     adam_beta2: float = field(default=0.999, metadata={"help": "AdamW beta2"})
     adam_epsilon: float = field(default=1e-6, metadata={"help": "AdamW epsilon"})
     max_grad_norm: float = field(default=1.0, metadata={"help": "gradient clipping norm (0 disables)"})
-    mixed_precision: str = field(
-        default="no", metadata={"help": "no, bf16 (CPU or GPU) or fp16 (GPU only)", "choices": MIXED_PRECISION_CHOICES}
+    mixed_precision: str | None = field(
+        default=None,
+        metadata={
+            "help": "no, bf16 (CPU or GPU), fp16 (GPU only), or auto: on a CPU the faster of fp32 and bf16 in a timed "
+            "trial of this model and batch, on a GPU bf16 where it has it (default: auto with --time-budget, else no)",
+            "choices": MIXED_PRECISION_CHOICES,
+        },
     )
     seed: int = field(default=42, metadata={"help": "seed of weights, data order, masks and dropout"})
     output_dir: str | None = field(default=None, metadata=_resumable("where everything is written (default: runs/<preset>)"))
@@ -318,6 +323,8 @@ class PretrainConfig(TrainingArguments, DataArguments, ModelArguments, ConfigFil
         layers = {
             "default": {
                 "max_steps": DEFAULT_MAX_STEPS if self.time_budget is None else None,
+                # under a time budget a faster step is more steps; otherwise fp32, the same on every machine
+                "mixed_precision": "no" if self.time_budget is None else "auto",
                 "num_proc": available_cores(),
                 "output_dir": str(Path("runs") / self.preset),
                 "generator_layers": max(1, depth // 4) if self.objective == "electra" else None,

@@ -7,7 +7,9 @@ tokens/s in bf16 there and 39,500 in fp32 (docs/performance.md). With AMX the an
 other way round, and at bert-base's size it was a tie there. So a choice that matters is made by timing a few training
 steps of the run's own model and batch shape in each precision: `scripts/bench_pretrain_budget.py
 --mixed-precision auto` pretrains in the faster, and `scratchbert pretrain --mixed-precision bf16`
-on a CPU warns when fp32 would train faster (`warn_if_fp32_is_faster`).
+on a CPU warns when fp32 would train faster (`warn_if_fp32_is_faster`). `scratchbert pretrain
+--mixed-precision auto` (the default with `--time-budget`, where a faster step is more steps)
+trains in the faster (`auto_precision`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from scratchbert.training.schedules import adamw, parameter_groups
 
 PRECISIONS = {"no": None, "bf16": torch.bfloat16}  # --mixed-precision value -> autocast dtype
 TRIAL_SECONDS = 10.0  # the longest a pretraining run's start waits for the trial; larger models go untimed
+BF16_MARGIN = 1.1  # bf16 is chosen only where a trial finds it at least this much faster than fp32
 
 logger = logging.getLogger(__name__)
 
@@ -76,8 +79,36 @@ def training_rates(
 
 
 def faster_precision(rates: dict[str, float]) -> str:
-    """The `--mixed-precision` value with the higher rate; fp32 ("no") unless bf16 is faster."""
-    return "bf16" if rates["bf16"] > rates["no"] else "no"
+    """The `--mixed-precision` value with the higher rate: fp32 ("no") unless bf16 is faster by `BF16_MARGIN`.
+
+    Near a tie a few seconds of timing would decide, and two starts of one command could train in
+    different arithmetic; fp32, the arithmetic every machine shares, wins those.
+    """
+    return "bf16" if rates["bf16"] > BF16_MARGIN * rates["no"] else "no"
+
+
+def auto_precision(model_config: ScratchBertConfig, batch_size: int, seq_length: int, on_gpu: bool) -> tuple[str, str]:
+    """What `--mixed-precision auto` trains in, and a line that says why.
+
+    On a GPU: bf16 where it has bf16 units (CUDA's own answer), else fp32. On a CPU: the faster
+    in a timed trial of this model and batch (`training_rates`, at most `TRIAL_SECONDS`); a model
+    too large to time in that trains in fp32, the precision that never needs a trial to be right.
+    """
+    if on_gpu:
+        if torch.cuda.is_available() and torch.cuda.is_bf16_supported():
+            return "bf16", "bf16, which this GPU computes natively"
+        return "no", "fp32: this device has no bf16 support that torch reports"
+    rates = training_rates(model_config, batch_size, seq_length, max_seconds=TRIAL_SECONDS)
+    if rates is None:
+        return "no", (
+            f"fp32: a step of this model is too slow to time both precisions in {TRIAL_SECONDS:.0f} s "
+            "(--mixed-precision bf16 trains in bf16 without a trial)"
+        )
+    choice = faster_precision(rates)
+    return choice, (
+        f"fp32 {rates['no']:,.0f}, bf16 {rates['bf16']:,.0f} tokens/s in a timed trial of this model and batch: "
+        f"training in {'bf16' if choice == 'bf16' else 'fp32'}"
+    )
 
 
 def warn_if_fp32_is_faster(model_config: ScratchBertConfig, batch_size: int, seq_length: int) -> dict[str, float] | None:
@@ -97,4 +128,4 @@ def warn_if_fp32_is_faster(model_config: ScratchBertConfig, batch_size: int, seq
     return rates
 
 
-__all__ = ["PRECISIONS", "TRIAL_SECONDS", "training_rates", "faster_precision", "warn_if_fp32_is_faster"]
+__all__ = ["PRECISIONS", "TRIAL_SECONDS", "BF16_MARGIN", "training_rates", "faster_precision", "auto_precision", "warn_if_fp32_is_faster"]

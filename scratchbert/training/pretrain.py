@@ -58,7 +58,7 @@ from scratchbert.errors import NonFiniteLossError, ScratchBertError
 from scratchbert.inspection import fill_mask, load_masked_lm
 from scratchbert.modeling_scratchbert import ScratchBertForMaskedLM, ScratchBertForPreTraining
 from scratchbert.training import checkpoint as ckpt
-from scratchbert.training.accelerator import build_accelerator
+from scratchbert.training.accelerator import build_accelerator, settle_mixed_precision
 from scratchbert.training.collator import SeededCollator
 from scratchbert.training.config import PretrainConfig
 from scratchbert.training.corpus import build_data, check_vocabulary, make_dataloaders, make_long_loader
@@ -222,6 +222,8 @@ def setup(config: PretrainConfig, lock: OutputDirLock, model_class=None, config_
     `lock` is claimed first if the folder exists (no other run may write there meanwhile), else
     once it is made. Returns the run and the checkpoint state to resume from (None for a fresh start).
     """
+    asked_precision = config.mixed_precision
+    config = settle_mixed_precision(config)  # --mixed-precision auto: the Accelerator fixes one precision for the run
     accelerator = build_accelerator(config)
     lock.claim(accelerator)
     resume_state = check_output_dir(config)
@@ -247,7 +249,7 @@ def setup(config: PretrainConfig, lock: OutputDirLock, model_class=None, config_
     else:
         vocab_size = len(tokenizer)
     model = build_model(config, tokenizer, vocab_size, model_class, config_class)
-    if config.mixed_precision == "bf16" and accelerator.device.type == "cpu" and accelerator.is_main_process and resume_state is None:
+    if asked_precision == "bf16" and accelerator.device.type == "cpu" and accelerator.is_main_process and resume_state is None:
         # bf16 is not faster on every CPU that has bf16 instructions: a few timed steps say (precision.py)
         warn_if_fp32_is_faster(ScratchBertConfig(vocab_size=vocab_size, **config.model_kwargs()), config.batch_size, config.max_seq_length)
 
