@@ -369,8 +369,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument(
         "--mixed-precision", default="auto", choices=["auto", "no", "bf16"],
-        help="pretraining precision of (a), (d), (e); auto: the faster here, timed on a few steps of the model and batch "
-        "(scratchbert.training.precision; bf16 was slower on an AVX2-only Zen 3 and on an Intel without AMX: docs/performance.md)",
+        help="pretraining precision of (a), (d), (e); auto: as the pretrain command's on a CPU, the faster here (bf16 only when at "
+        "least 10%% faster), timed on a few steps of the model and batch (scratchbert.training.precision; bf16 was slower on an "
+        "AVX2-only Zen 3 and on an Intel without AMX, 1.9 times faster on a Zen 4: docs/performance.md)",
     )  # fmt: skip
     parser.add_argument("--vocab-size", type=int, help="WordPiece vocabulary trained on the pretraining text (default: the set's)")
     parser.add_argument(
