@@ -750,6 +750,38 @@ def test_two_process_ddp_on_cpu(corpus_file, tokenizer_dir, tmp_path):
 
 
 
+def test_auto_precision_that_fails_on_the_main_process_stops_every_rank_instead_of_leaving_them_waiting(tiny_config, tmp_path, monkeypatch):
+    """The main process decides `auto` and broadcasts it; when deciding fails (here a damaged checkpoint
+    of the run to resume), the main process raises the error and the other ranks get it too."""
+    from scratchbert.errors import ScratchBertError
+    from scratchbert.training import accelerator as accelerator_module
+
+    output_dir = tmp_path / "damaged"
+    (output_dir / "checkpoints" / "step-2").mkdir(parents=True)
+    (output_dir / "checkpoints" / "step-2" / "trainer_state.json").write_text("{not json")
+    config = tiny_config(output_dir, mixed_precision="auto", resume=True)
+    sent = []
+
+    class Rank:
+        def __init__(self, is_main):
+            self.is_main_process, self.num_processes = is_main, 2
+
+    def broadcast(objects, from_process):  # rank 0 sends what it decided; rank 1 receives rank 0's last message
+        if sent and objects == [None]:
+            objects[0] = sent[-1]
+        else:
+            sent.append(objects[0])
+
+    monkeypatch.setattr(accelerator_module, "broadcast_object_list", broadcast)
+    monkeypatch.setattr(accelerator_module, "PartialState", lambda cpu: Rank(is_main=True))
+    with pytest.raises(ScratchBertError, match="trainer_state.json is damaged") as main_error:
+        accelerator_module.settle_mixed_precision(config)
+    assert not main_error.value.every_process and sent[0][0] == "error"
+    monkeypatch.setattr(accelerator_module, "PartialState", lambda cpu: Rank(is_main=False))
+    with pytest.raises(ScratchBertError, match="main process could not settle --mixed-precision auto: .*damaged") as other_error:
+        accelerator_module.settle_mixed_precision(config)
+    assert other_error.value.every_process  # printed once, by the main process's own error
+
 @pytest.mark.skipif(sys.platform == "win32", reason="Windows: runs are not locked")
 def test_a_two_process_launch_on_a_held_folder_is_refused_once_and_on_every_rank(corpus_file, tokenizer_dir, tmp_path):
     """The main process finds the folder held and tells the other: both stop, and the error is printed once."""

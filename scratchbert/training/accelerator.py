@@ -32,12 +32,19 @@ def settle_mixed_precision(config: PretrainConfig) -> PretrainConfig:
     if config.mixed_precision != "auto":
         return config
     state = PartialState(cpu=not _has_accelerator_device())  # the Accelerator built next shares it
-    decision = [None]
+    decision, failure = [None], None
     if state.is_main_process:
-        decision = [_auto_decision(config)]
+        try:
+            decision = [_auto_decision(config)]
+        except Exception as err:  # e.g. a damaged checkpoint: the other ranks must not wait for an answer
+            decision, failure = [("error", str(err))], err
     if state.num_processes > 1:
         broadcast_object_list(decision, from_process=0)
     choice, reason = decision[0]
+    if choice == "error":
+        if failure is not None:
+            raise failure
+        raise ScratchBertError(f"the main process could not settle --mixed-precision auto: {reason}", every_process=True)
     state.print(f"--mixed-precision auto: {reason}")
     return dataclasses.replace(config, mixed_precision=choice)
 
