@@ -21,6 +21,7 @@ from accelerate.state import AcceleratorState
 from conftest import TINY_PRETRAIN, python_path, documentation_corpus, forget_kernel_choices, tiny_bert_config, run_config_maker, run_log, kill_after_saving, saved_tokenizer
 
 from scratchbert import ScratchBertConfig, ScratchBertForPreTraining, cpu_gemm
+from scratchbert.tokenization import load_tokenizer
 from scratchbert.training import checkpoint as ckpt
 from scratchbert.training import precision
 from scratchbert.training import pretrain as pretrain_module
@@ -509,7 +510,7 @@ def test_a_time_budget_trains_in_the_precision_a_trial_finds_faster_and_a_resume
     trials = []
 
     def trial(rates):
-        return lambda config, batch, length, max_seconds: trials.append((config.hidden_size, batch, length, max_seconds)) or rates
+        return lambda config, batch, length, max_seconds: trials.append((config.hidden_size, config.vocab_size, batch, length, max_seconds)) or rates
 
     output_dir = tmp_path / "budget"
     budget = {"time_budget": 5.0, "max_steps": 4, "save_every": 2}
@@ -518,7 +519,8 @@ def test_a_time_budget_trains_in_the_precision_a_trial_finds_faster_and_a_resume
     AcceleratorState._reset_state(reset_partial_state=True)
     kill_after_saving(monkeypatch, 2, lambda: pretrain(tiny_config(output_dir, **budget)))
     config = tiny_config(output_dir)
-    assert trials == [(config.hidden_size, config.batch_size, config.max_seq_length, precision.TRIAL_SECONDS)]
+    vocabulary = len(load_tokenizer(config.tokenizer))  # the model's, from --tokenizer: not the 4,096 of a trained one
+    assert trials == [(config.hidden_size, vocabulary, config.batch_size, config.max_seq_length, precision.TRIAL_SECONDS)]
     assert "--mixed-precision auto: fp32 30,000, bf16 45,000 tokens/s in a timed trial of this model and batch: training in bf16" in capsys.readouterr().out
     assert json.loads((output_dir / "pretrain_config.json").read_text())["mixed_precision"] == "bf16"
 
@@ -531,6 +533,24 @@ def test_a_time_budget_trains_in_the_precision_a_trial_finds_faster_and_a_resume
     AcceleratorState._reset_state(reset_partial_state=True)
     pretrain(tiny_config(tmp_path / "steps", max_steps=2, save_every=0))  # no budget: fp32, and no trial
     assert len(trials) == 1 and json.loads((tmp_path / "steps" / "pretrain_config.json").read_text())["mixed_precision"] == "no"
+
+
+def test_the_precision_trial_times_the_vocabulary_the_model_will_have(tiny_config, tokenizer_dir, tmp_path):
+    """The MLM head's product with the vocabulary is a large share of a small model's step: the trial
+    times the size `setup` will give the model (the tokenizer's, --vocab-size over it, or the size a
+    trained one is asked for), and a bad --prepared-data folder is named before any trial runs."""
+    from scratchbert.errors import ScratchBertError
+    from scratchbert.training.accelerator import trial_vocab_size
+    from scratchbert.training.config import DEFAULT_VOCAB_SIZE
+
+    given = len(load_tokenizer(tokenizer_dir))
+    assert given != DEFAULT_VOCAB_SIZE
+    assert trial_vocab_size(tiny_config(tmp_path / "a")) == given
+    assert trial_vocab_size(tiny_config(tmp_path / "b", vocab_size=2 * given)) == 2 * given
+    assert trial_vocab_size(tiny_config(tmp_path / "c", tokenizer=None)) == DEFAULT_VOCAB_SIZE
+    assert trial_vocab_size(tiny_config(tmp_path / "d", tokenizer=None, vocab_size=1000)) == 1000
+    with pytest.raises(ScratchBertError, match="does not exist: build it with `scratchbert prepare-data"):
+        trial_vocab_size(tiny_config(tmp_path / "e", tokenizer=None, train_files=[], prepared_data=str(tmp_path / "missing")))
 
 
 def test_incompatible_checkpoint_is_refused(finished_run, tiny_config):

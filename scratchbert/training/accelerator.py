@@ -12,7 +12,9 @@ from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration, broa
 
 from scratchbert.configuration_scratchbert import ScratchBertConfig
 from scratchbert.errors import ScratchBertError
+from scratchbert.tokenization import load_tokenizer
 from scratchbert.training import checkpoint as ckpt
+from scratchbert.training import prepared
 from scratchbert.training.config import DEFAULT_VOCAB_SIZE, PretrainConfig
 from scratchbert.training.precision import auto_precision
 
@@ -26,7 +28,7 @@ def settle_mixed_precision(config: PretrainConfig) -> PretrainConfig:
 
     A resumed run keeps the precision its checkpoint trained in. Otherwise the main process
     decides (`precision.auto_precision`: on a CPU a timed trial of this model and batch, with
-    the vocabulary size asked for) and tells the others, so every process trains alike. The
+    the vocabulary `trial_vocab_size` expects) and tells the others, so every process trains alike. The
     returned config names the precision chosen, and so does the pretrain_config.json it saves.
     """
     if config.mixed_precision != "auto":
@@ -54,8 +56,25 @@ def _auto_decision(config: PretrainConfig) -> tuple[str, str]:
     if checkpoints:
         resumed = ckpt.read_trainer_state(checkpoints[-1][1])["config"].get("mixed_precision", "no")
         return resumed, f"{'fp32' if resumed == 'no' else resumed}, the precision of the checkpoint this run continues"
-    model_config = ScratchBertConfig(vocab_size=config.vocab_size or DEFAULT_VOCAB_SIZE, **config.model_kwargs())
+    model_config = ScratchBertConfig(vocab_size=trial_vocab_size(config), **config.model_kwargs())
     return auto_precision(model_config, config.batch_size, config.max_seq_length, on_gpu=_has_accelerator_device())
+
+
+def trial_vocab_size(config: PretrainConfig) -> int:
+    """The vocabulary size the run's model will have, as far as it is known before the data is built.
+
+    A tokenizer given (`--tokenizer`, or a `--prepared-data` folder's) sets it, unless `--vocab-size`
+    overrides it for `--tokenizer`, as `pretrain.setup` does; one trained for the run comes out at
+    most the size asked. It matters to the trial: the MLM head's (B x S, H) x (H, V) product is a
+    large share of a small model's step, so a 30,522-token BERT vocabulary timed as 4,096 tokens
+    would time another model.
+    """
+    if config.prepared_data:
+        prepared.check_options(config.prepared_data, config)  # a missing or mismatched folder is named before any trial
+        return len(load_tokenizer(Path(config.prepared_data) / "tokenizer"))
+    if config.tokenizer and config.vocab_size is None:
+        return len(load_tokenizer(config.tokenizer))
+    return config.vocab_size or DEFAULT_VOCAB_SIZE
 
 
 def build_accelerator(config: PretrainConfig) -> Accelerator:
