@@ -95,12 +95,13 @@ def pretrain_scratchbert(args, text_file: Path, tokenizer_dir: Path, out: Path, 
     from scratchbert.training.pretrain import pretrain
     from scratchbert.training.plotting import read_log
 
-    config = PretrainConfig(
-        preset=args.preset, train_files=[str(text_file)], tokenizer=str(tokenizer_dir), max_seq_length=args.max_seq_length,
-        batch_size=args.batch_size, time_budget=args.minutes, mixed_precision=args.mixed_precision, output_dir=str(out),
-        eval_every=200, save_every=0, report_to="none", overwrite=True, seed=args.seed,  # evaluations do not count against the budget
-        objective=objective, **args.pretrain_options,
-    )  # fmt: skip
+    config = PretrainConfig(**{
+        "preset": args.preset, "train_files": [str(text_file)], "tokenizer": str(tokenizer_dir), "max_seq_length": args.max_seq_length,
+        "batch_size": args.batch_size, "time_budget": args.minutes, "mixed_precision": args.mixed_precision, "output_dir": str(out),
+        "eval_every": 200, "save_every": 0, "report_to": "none", "overwrite": True,  # evaluations do not count against the budget
+        "seed": args.seed, "objective": objective,
+        **args.pretrain_options,  # e.g. seed=1: another pretraining of the same recipe on the same labels and test documents
+    })  # fmt: skip
     pretrain(config)
     final = [r for r in read_log(out / "train_log.jsonl") if r["type"] == "final"][-1]
     return {"steps": final["step"], "tokens": final["tokens_seen"], "seconds": final["training_seconds"]}
@@ -376,7 +377,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--vocab-size", type=int, help="WordPiece vocabulary trained on the pretraining text (default: the set's)")
     parser.add_argument(
         "--pretrain-option", dest="pretrain_options", action="append", default=[], metavar="NAME=VALUE",
-        help="a PretrainConfig option for (a) and (e), e.g. mask_replace_prob=1.0 (repeatable; VALUE read as JSON, else text)",
+        help="a PretrainConfig option for (a) and (e), e.g. mask_replace_prob=1.0, or seed=1 for another pretraining on the same labels and test documents (repeatable; VALUE read as JSON, else text)",
     )  # fmt: skip
     parser.add_argument("--train-examples", "--train-reviews", type=int, help="labelled training documents per seed (default: the set's)")
     parser.add_argument("--validation-examples", "--validation-reviews", type=int, help="labelled documents that pick the epoch; 0: the command holds 10%% of the labels out (default: the set's)")

@@ -264,6 +264,22 @@ def test_budget_bench_pretrains_in_the_precision_a_timed_trial_finds_faster(monk
     assert bench.parse_args(["--mixed-precision", "no"]).mixed_precision == "no"  # told: as told
 
 
+def test_budget_bench_pretrain_options_win_over_its_own_settings_seed_included(monkeypatch, tmp_path):
+    """`--pretrain-option seed=1` pretrains again with another seed on the same labels and test
+    documents (`--seed` also draws those); an option the bench sets itself must not clash with it."""
+    from scratchbert.training import plotting
+    from scratchbert.training import pretrain as pretrain_module
+
+    bench = budget_bench_module(monkeypatch)
+    pretrained = []
+    monkeypatch.setattr(pretrain_module, "pretrain", pretrained.append)
+    monkeypatch.setattr(plotting, "read_log", lambda path: [{"type": "final", "step": 7, "tokens_seen": 8, "training_seconds": 9.0}])
+    args = bench.parse_args(["--seed", "5", "--pretrain-option", "seed=1", "--pretrain-option", "mlm_probability=0.4", "--out", str(tmp_path)])
+    assert bench.pretrain_scratchbert(args, tmp_path / "text.txt", tmp_path / "tokenizer", tmp_path / "a") == {"steps": 7, "tokens": 8, "seconds": 9.0}
+    assert (pretrained[0].seed, pretrained[0].mlm_probability, pretrained[0].time_budget) == (1, 0.4, args.minutes)
+    assert args.seed == 5  # the labelled subsets and test documents keep theirs
+
+
 def test_budget_bench_refuses_a_pretrain_option_pretraining_does_not_have():
     result = run_script("scripts/bench_pretrain_budget.py", "--pretrain-option", "mask_rate=1")
     assert result.returncode == 2 and "--pretrain-option 'mask_rate=1': give NAME=VALUE" in result.stderr and "Traceback" not in result.stderr
