@@ -906,6 +906,23 @@ def test_a_restarted_learning_rate_cycle_in_the_last_phase_and_exact_resume_insi
     assert_resumes_exactly(tiny_config, monkeypatch, tmp_path / "killed", config, expected, kill_at=6)
 
 
+def test_a_masking_rate_schedule_masks_each_step_at_its_rate_and_resumes_exactly(tiny_config, tmp_path, monkeypatch):
+    """--mlm-probability 0.3 --mlm-probability-end 0.1 over 8 steps: after step k the log gives step k + 1's
+    rate on the line between them; the run trains other weights than a constant 30%, and a run killed half
+    way resumes to the uninterrupted run's weights (the masks are a function of the batch and the step)."""
+    config = {"recipe": "packed", "max_seq_length": 16, "batch_size": 2, "max_steps": 8, "save_every": 2, "log_every": 1,
+              "mlm_probability": 0.3, "mlm_probability_end": 0.1}  # fmt: skip
+    pretrain(tiny_config(tmp_path / "whole", **config))
+    records = [r for r in run_log(tmp_path / "whole") if r["type"] == "train"]
+    assert [r["mlm_probability"] for r in records] == pytest.approx([0.3 - 0.2 * step / 8 for step in range(1, 9)])
+    expected = final_weights(tmp_path / "whole")
+    AcceleratorState._reset_state(reset_partial_state=True)
+    pretrain(tiny_config(tmp_path / "constant", **{**config, "mlm_probability_end": None}))
+    assert not all(torch.equal(expected[name], weight) for name, weight in final_weights(tmp_path / "constant").items())
+
+    assert_resumes_exactly(tiny_config, monkeypatch, tmp_path / "killed", config, expected, kill_at=4)
+
+
 def test_long_phase_options_are_checked(tiny_config, tmp_path):
     from scratchbert.errors import ScratchBertError
 

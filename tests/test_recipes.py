@@ -208,6 +208,20 @@ def test_a_version_4_save_trained_with_berts_80_10_10():
     assert ckpt.config_differences(saved, PretrainConfig(mask_replace_prob=1.0, random_replace_prob=0.0).to_dict())
 
 
+def test_a_version_7_save_masked_at_one_rate_and_the_schedule_is_checked(tmp_path):
+    saved = {**PretrainConfig().to_saved_dict(), "config_version": 7}
+    del saved["mlm_probability_end"]
+    assert PretrainConfig.from_dict(saved).mlm_probability_end is None
+    assert ckpt.config_differences(saved, PretrainConfig().to_dict()) == []
+    assert ckpt.config_differences(saved, PretrainConfig(mlm_probability_end=0.15).to_dict())
+    parser = argparse.ArgumentParser()
+    add_config_arguments(parser, PretrainConfig)
+    assert config_from_args(parser.parse_args(["--mlm-probability-end", "0.15"]), PretrainConfig).mlm_probability_end == 0.15
+    for bad in (0.0, 1.0, -0.1):
+        with pytest.raises(ScratchBertError, match=f"mlm_probability_end={bad!r}: it must be strictly between 0 and 1"):
+            PretrainConfig(mlm_probability_end=bad).validate()
+
+
 # --- where the position table starts ----------------------------------------------------
 
 
@@ -370,6 +384,15 @@ def test_time_budget_stops_at_the_budget_with_the_schedule_on_elapsed_time(topic
     assert train[-1]["learning_rate"] == 0.0  # annealed to zero exactly at the budget
     assert records[-1]["type"] == "final" and records[-1]["training_seconds"] == 30.0
     assert (output_dir / "model.safetensors").is_file()
+
+
+def test_a_masking_rate_schedule_on_a_time_budget_follows_elapsed_time(topic_corpus, topic_tokenizer, tmp_path):
+    """--mlm-probability-end on a budget: the rate moves with the share of the budget spent, as the learning rate does."""
+    output_dir = tmp_path / "masking"
+    options = {"time_budget": 0.5, "log_every": 1, "mlm_probability": 0.3, "mlm_probability_end": 0.15, "mixed_precision": "no"}
+    budget_run(run_config(output_dir, topic_corpus, topic_tokenizer, **options), FakeTime())
+    train = [r for r in read_log(output_dir) if r["type"] == "train"]
+    assert [r["mlm_probability"] for r in train] == pytest.approx([0.3 - 0.15 * s / 30 for s in range(1, 31)])  # one-second steps
 
 
 def test_time_budget_with_max_steps_stops_at_whichever_comes_first(topic_corpus, topic_tokenizer, tmp_path):

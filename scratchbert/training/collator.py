@@ -206,12 +206,15 @@ class DataCollatorForPretraining:
         corrupted = input_ids.masked_fill(to_mask, self.tokenizer.mask_token_id)
         return torch.where(to_random, random_ids, corrupted)
 
-    def __call__(self, examples: Sequence[Mapping]) -> dict[str, torch.Tensor]:
-        batch = self.pad(examples)
+    def mask(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Steps 2 and 3 on a padded batch (`pad`): add `labels`, corrupt `input_ids`."""
         chosen = self.choose_positions(batch["input_ids"], batch["attention_mask"])
         batch["labels"] = batch["input_ids"].masked_fill(~chosen, IGNORE_INDEX)
         batch["input_ids"] = self.corrupt(batch["input_ids"], chosen)
         return batch
+
+    def __call__(self, examples: Sequence[Mapping]) -> dict[str, torch.Tensor]:
+        return self.mask(self.pad(examples))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -238,13 +241,22 @@ class SeededCollator:
     a resumed run draws exactly the masks the uninterrupted run drew, and the global RNG
     is left to dropout alone. Set `epoch` before each epoch. Only `model_inputs` are
     passed on (without NSP the model takes no next_sentence_label).
+
+    With `defer_masking` (a masking rate that changes over the run, `--mlm-probability-end`)
+    a batch leaves the DataLoader padded but unmasked, carrying its seed as `mask_seed`; the
+    training loop calls `mask` with the rate of the step that trains it. A worker or a
+    prefetching loader cannot know that step, so the rate is applied where the step is known,
+    and the masks stay a pure function of the batch and the step.
     """
 
-    def __init__(self, collator: DataCollatorForPretraining, seed: int, epoch: int = 0, model_inputs=MODEL_INPUTS):
+    def __init__(
+        self, collator: DataCollatorForPretraining, seed: int, epoch: int = 0, model_inputs=MODEL_INPUTS, defer_masking: bool = False
+    ):
         self.collator = collator
         self.seed = seed
         self.epoch = epoch
         self.model_inputs = model_inputs
+        self.defer_masking = defer_masking
 
     def batch_seed(self, indices) -> int:
         key = f"{self.seed}:{self.epoch}:{','.join(map(str, indices))}".encode()
@@ -252,8 +264,25 @@ class SeededCollator:
 
     def __call__(self, items):
         indices, examples = zip(*items)
-        self.collator.generator = torch.Generator().manual_seed(self.batch_seed(indices))
-        batch = self.collator(list(examples))
+        seed = self.batch_seed(indices)
+        if self.defer_masking:
+            batch = self.collator.pad(list(examples))
+            # One copy per row, so that a loader that splits batches along dim 0 keeps it with them.
+            batch["mask_seed"] = torch.full((len(examples),), seed, dtype=torch.long)  # (batch,)
+            return batch
+        self.collator.generator = torch.Generator().manual_seed(seed)
+        return self._model_inputs(self.collator(list(examples)))
+
+    def mask(self, batch: dict[str, torch.Tensor], mlm_probability: float) -> dict[str, torch.Tensor]:
+        """Mask a deferred batch at `mlm_probability`, on the CPU, and return it on its device."""
+        device = batch["input_ids"].device
+        padded = {name: value.cpu() for name, value in batch.items() if name != "mask_seed"}
+        self.collator.generator = torch.Generator().manual_seed(int(batch["mask_seed"][0]))
+        self.collator.mlm_probability = mlm_probability
+        masked = self.collator.mask(padded)
+        return {name: value.to(device) for name, value in self._model_inputs(masked).items()}
+
+    def _model_inputs(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {name: batch[name] for name in self.model_inputs if name in batch}
 
 

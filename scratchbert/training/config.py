@@ -201,6 +201,13 @@ class DataArguments:
     short_seq_prob: float = field(default=0.1, metadata={"help": "sentence-pairs: probability of a shorter random target length"})
     dupe_factor: int = field(default=5, metadata={"help": "sentence-pairs: pairings of the training text, each with another seed (BERT used 10)"})
     mlm_probability: float | None = field(default=None, metadata={"help": "fraction of tokens chosen for masking (default: from the recipe)"})
+    mlm_probability_end: float | None = field(
+        default=None,
+        metadata={
+            "help": "a masking-rate schedule: the rate moves linearly from --mlm-probability at the start to this at the end "
+            "of the run (its steps, or its --time-budget); Ankner et al. 2023 went from 0.3 to 0.15 (default: one rate throughout)"
+        },
+    )
     whole_word_mask: bool = field(default=False, metadata={"help": "mask all ## pieces of a word together"})
     mask_replace_prob: float = field(
         default=0.8, metadata={"help": "of the chosen tokens, the share shown as [MASK] (BERT's 80/10/10: 0.8; 1.0 with --random-replace-prob 0: always [MASK])"}
@@ -306,7 +313,7 @@ class PretrainConfig(TrainingArguments, DataArguments, ModelArguments, ConfigFil
     """Everything a pretraining run needs; see the module docstring for how it is layered."""
 
     JOB = "pretraining"
-    VERSION = 7  # 1: saves without a version (before `config_version`); 3: streaming, prepared data, long phase; 4: objective; 5: 80/10/10 shares; 6: long-phase batch; 7: its learning rate
+    VERSION = 8  # 1: saves without a version (before `config_version`); 3: streaming, prepared data, long phase; 4: objective; 5: 80/10/10 shares; 6: long-phase batch; 7: its learning rate; 8: masking-rate schedule
 
     def __post_init__(self) -> None:
         for name, (_, value) in self.unset_values().items():
@@ -374,7 +381,7 @@ class PretrainConfig(TrainingArguments, DataArguments, ModelArguments, ConfigFil
                 "--nsp with --packing full-sentences makes no sense: packed examples are one stretch of text with no "
                 "second segment whose order could be predicted. Use --packing sentence-pairs for NSP, or --no-nsp."
             )
-        for name in ("mlm_probability", "eval_fraction"):
+        for name in ("mlm_probability", "eval_fraction") + (("mlm_probability_end",) if self.mlm_probability_end is not None else ()):
             if not 0.0 < getattr(self, name) < 1.0:
                 raise ScratchBertError(f"{name}={getattr(self, name)!r}: it must be strictly between 0 and 1.")
         if not (0.0 <= self.mask_replace_prob and 0.0 <= self.random_replace_prob and self.mask_replace_prob + self.random_replace_prob <= 1.0):
@@ -478,6 +485,7 @@ _ADDED_IN_VERSION = {
     5: {"mask_replace_prob": 0.8, "random_replace_prob": 0.1},
     6: {"long_batch_size": None},
     7: {"long_learning_rate": None},
+    8: {"mlm_probability_end": None},
 }
 
 

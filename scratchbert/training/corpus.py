@@ -278,7 +278,9 @@ def _collate(config: PretrainConfig, tokenizer, seed: int, evaluation: bool = Fa
     collator = DataCollatorForPretraining(tokenizer, whole_word_mask=config.whole_word_mask, **masking)
     # Without NSP the model takes no next_sentence_label (sentence pairs still carry one).
     inputs = MODEL_INPUTS if config.nsp else tuple(name for name in MODEL_INPUTS if name != "next_sentence_label")
-    return SeededCollator(collator, seed, model_inputs=inputs)
+    # --mlm-probability-end: the rate depends on the step, so the training loop masks (`SeededCollator.mask`).
+    defer = not evaluation and config.mlm_probability_end is not None
+    return SeededCollator(collator, seed, model_inputs=inputs, defer_masking=defer)
 
 
 def _shuffled_loader(config: PretrainConfig, dataset: datasets.Dataset, collate: SeededCollator, batch_size: int, seed: int) -> DataLoader:

@@ -35,7 +35,8 @@ Exact resumption needs every random draw to be reproducible from the checkpoint:
   - MLM masks: drawn by the collator from a generator seeded by (seed, epoch, example
     indices) — not from the global stream, because the DataLoader prepares the next batch
     before the current step runs, which would interleave mask and dropout draws
-    differently in a resumed run (`collator.SeededCollator`).
+    differently in a resumed run (`collator.SeededCollator`). With a masking-rate schedule
+    (`--mlm-probability-end`) the loop applies them, at the rate of the step (`Run.masking_rate`).
 """
 
 from __future__ import annotations
@@ -202,6 +203,17 @@ class Run:
         """The loader and collator of the phase the run is in."""
         return (self.long_loader, self.long_collate) if self.position.phase else (self.train_loader, self.train_collate)
 
+    def progress(self) -> float:
+        """How far through the run it is, 0 to 1: of its time budget, else of its steps."""
+        if self.config.time_budget is not None:
+            return min(self.position.training_seconds / (60.0 * self.config.time_budget), 1.0)
+        return min(self.position.step / self.config.max_steps, 1.0)
+
+    def masking_rate(self) -> float:
+        """--mlm-probability-end: the rate of the next step, on the line from --mlm-probability to it."""
+        start, end = self.config.mlm_probability, self.config.mlm_probability_end
+        return start if end is None else start + (end - start) * self.progress()
+
     def done(self) -> bool:
         return (self.config.max_steps is not None and self.position.step >= self.config.max_steps) or self.out_of_time()
 
@@ -338,6 +350,8 @@ def train(run: Run, timer=time.perf_counter) -> RunLog:
             batches_before = position.batches_in_epoch
             for batch in loader:
                 position.batches_in_epoch += 1
+                if collate.defer_masking:  # --mlm-probability-end: masked at this step's rate
+                    batch = collate.mask(batch, run.masking_rate())
                 with accelerator.accumulate(run.model):
                     loss = run.model(**batch).loss
                     window["finite"] &= torch.isfinite(loss.detach()).all()  # on the device: no sync per micro-batch
@@ -391,6 +405,8 @@ def after_step(run: Run, log: RunLog, clock: TrainingClock, progress, window: di
         record = train_record(accelerator, window, position.step, position.epoch, run.scheduler)
         position.tokens_seen += record.pop("tokens")
         record.update(tokens_seen=position.tokens_seen, training_seconds=position.training_seconds)
+        if config.mlm_probability_end is not None:
+            record["mlm_probability"] = run.masking_rate()  # as the learning rate: the next step's
         if config.long_phase:
             record["seq_length"] = (config.long_seq_length or config.max_position_embeddings) if position.phase else config.max_seq_length
         log.write(record)
@@ -506,6 +522,7 @@ def _announce(run: Run, log: RunLog) -> None:
         if config.long_phase
         else ""
     )
+    masking_end = f" moving to {config.mlm_probability_end:.0%} by the end" if config.mlm_probability_end is not None else ""
     if config.objective == "electra":
         objective = f"ELECTRA: a {config.generator_layers}-layer generator's MLM + {config.discriminator_weight:g} x replaced-token detection"
     else:
@@ -514,7 +531,7 @@ def _announce(run: Run, log: RunLog) -> None:
         f"pretraining a {config.preset} BERT (L={config.num_hidden_layers}, H={config.hidden_size}, "
         f"{parameters / 1e6:.1f}M parameters, vocabulary {len(run.tokenizer)}) with the "
         f"{config.recipe} recipe ({objective} on {config.packing}, "
-        f"{config.mlm_probability:.0%} masking, learning rate {config.learning_rate:g}) on {examples} "
+        f"{config.mlm_probability:.0%} masking{masking_end}, learning rate {config.learning_rate:g}) on {examples} "
         f"({run.eval_examples} held out), {accelerator.num_processes} process(es), {length} of {examples_per_step} examples{long_phase}"
     )
 
