@@ -336,15 +336,18 @@ def write_label_curve(out: Path, args) -> Path:
 
 def choose_mixed_precision(args, vocab_size: int) -> tuple[str, dict | None]:
     """--mixed-precision auto: a reused pretraining's own precision, else the faster of fp32 and bf16 here, timed
-    on (a)'s model and batch shape; returns the choice and the trial's tokens/s (None when reused)."""
+    on (a)'s model (with its --pretrain-option objective), batch shape and masking rate; returns the choice and
+    the trial's tokens/s (None when reused)."""
     from scratchbert import ScratchBertConfig
+    from scratchbert.training.models import pretraining_model
     from scratchbert.training.precision import faster_precision, training_rates
 
     saved = Path(args.out) / "a" / "pretrain_config.json"
     if args.reuse and saved.is_file():  # the table names the precision its pretraining ran in
         return json.loads(saved.read_text())["mixed_precision"], None
-    geometry = PretrainConfig(preset=args.preset, **args.pretrain_options).model_kwargs()
-    rates = training_rates(ScratchBertConfig(vocab_size=vocab_size, **geometry), args.batch_size, args.max_seq_length)
+    run = PretrainConfig(preset=args.preset, **args.pretrain_options)
+    model_config = ScratchBertConfig(vocab_size=vocab_size, **run.model_kwargs())
+    rates = training_rates(lambda: pretraining_model(run, model_config), args.batch_size, args.max_seq_length, run.mlm_probability)
     print(f"mixed precision: {', '.join(f'{name} {rate:,.0f}' for name, rate in rates.items())} tokens/s in a timed trial; "
           f"pretraining in {'bf16' if faster_precision(rates) == 'bf16' else 'fp32'}", flush=True)  # fmt: skip
     return faster_precision(rates), rates

@@ -223,6 +223,12 @@ def run_log(output_dir: Path) -> list[dict]:
     return read_log(output_dir / "train_log.jsonl")
 
 
+def trial_model(make_model) -> tuple[str, int, int]:
+    """What a precision trial handed `make_model` would time: the class, width and vocabulary of the model it builds."""
+    model = make_model()
+    return type(model).__name__, model.config.hidden_size, model.config.vocab_size
+
+
 def saved_tokenizer(tmp_path_factory, corpus_file: Path, vocab_size: int, name: str = "tokenizer") -> Path:
     """A WordPiece tokenizer trained on `corpus_file` and saved in a fresh folder, for runs that share it."""
     from scratchbert.tokenization import train_tokenizer

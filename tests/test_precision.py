@@ -4,8 +4,12 @@ import math
 
 import torch
 
-from scratchbert import ScratchBertConfig, cpu_gemm
+import pytest
+
+from scratchbert import ScratchBertConfig, ScratchBertForMaskedLM, cpu_gemm
 from scratchbert.training import precision
+from scratchbert.training.config import PretrainConfig
+from scratchbert.training.models import pretraining_model
 from scratchbert.training.precision import auto_precision, faster_precision, training_rates
 
 SMALL = dict(vocab_size=96, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64, max_position_embeddings=32)
@@ -15,14 +19,38 @@ def test_a_trial_times_both_precisions_and_leaves_the_random_state_and_kernel_de
     torch.manual_seed(1234)
     random_state = torch.get_rng_state()
     decisions = [dict(table) for table in (cpu_gemm.DECISIONS, cpu_gemm.ATTENTION_DECISIONS)]
-    rates = training_rates(ScratchBertConfig(**SMALL), batch_size=4, seq_length=16, steps=2, warmup=1, rounds=1)
+    rates = training_rates(lambda: ScratchBertForMaskedLM(ScratchBertConfig(**SMALL)), batch_size=4, seq_length=16, steps=2, warmup=1, rounds=1)
     assert set(rates) == {"no", "bf16"} and all(math.isfinite(rate) and rate > 0 for rate in rates.values()), rates
     assert torch.equal(torch.get_rng_state(), random_state)  # the caller's seeded run draws what it would have
     assert [dict(table) for table in (cpu_gemm.DECISIONS, cpu_gemm.ATTENTION_DECISIONS)] == decisions
     assert not torch.is_autocast_enabled("cpu")
     # A model whose trial would outlast its bound is not timed (a run's start waits at most TRIAL_SECONDS).
-    assert training_rates(ScratchBertConfig(**SMALL), batch_size=4, seq_length=16, max_seconds=0.0) is None
+    assert training_rates(lambda: ScratchBertForMaskedLM(ScratchBertConfig(**SMALL)), batch_size=4, seq_length=16, max_seconds=0.0) is None
     assert torch.equal(torch.get_rng_state(), random_state)
+
+
+@pytest.mark.parametrize("options, model_class", [
+    ({}, "ScratchBertForMaskedLM"), ({"recipe": "paper"}, "ScratchBertForPreTraining"), ({"objective": "electra"}, "ElectraForPretraining"),
+])
+def test_a_trial_trains_the_runs_own_model_mlm_nsp_or_electra(options, model_class, monkeypatch):
+    """The trial times what the run will train: an NSP step also trains the pooler and NSP head on
+    sentence-pair labels, an ELECTRA step a generator and a discriminator; each at the run's masking rate."""
+    config = PretrainConfig(**options)
+    built, fed = [], []
+
+    def make_model():
+        model = pretraining_model(config, ScratchBertConfig(**SMALL))
+        model.register_forward_pre_hook(lambda module, args, batch: fed.append(dict(batch)), with_kwargs=True)
+        built.append(type(model).__name__)
+        return model
+
+    rates = training_rates(make_model, batch_size=8, seq_length=32, masking_rate=config.mlm_probability, steps=1, warmup=1, rounds=1)
+    assert built == [model_class] and all(math.isfinite(rate) and rate > 0 for rate in rates.values()), rates
+    batch = fed[0]
+    assert ("next_sentence_label" in batch) is (options == {"recipe": "paper"})
+    assert batch["labels"].shape == batch["input_ids"].shape == (8, 32)
+    predicted = (batch["labels"] != -100).float().mean().item()
+    assert abs(predicted - config.mlm_probability) < 0.1, predicted  # the run's rate: 30% packed, 15% paper
 
 
 def test_the_faster_precision_is_chosen_and_fp32_near_a_tie():
@@ -34,12 +62,12 @@ def test_the_faster_precision_is_chosen_and_fp32_near_a_tie():
 
 
 def test_auto_takes_the_trials_answer_on_a_cpu_fp32_for_a_model_too_large_to_time_and_bf16_on_a_gpu_that_has_it(monkeypatch):
-    model_config = ScratchBertConfig(**SMALL)
-    monkeypatch.setattr(precision, "training_rates", lambda config, batch, length, max_seconds: {"no": 39_500.0, "bf16": 31_000.0})
-    choice, reason = auto_precision(model_config, 32, 64, on_gpu=False)
+    make_model = lambda: ScratchBertForMaskedLM(ScratchBertConfig(**SMALL))  # noqa: E731
+    monkeypatch.setattr(precision, "training_rates", lambda make_model, batch, length, masking_rate, max_seconds: {"no": 39_500.0, "bf16": 31_000.0})
+    choice, reason = auto_precision(make_model, 32, 64, 0.3, on_gpu=False)
     assert choice == "no" and reason == "fp32 39,500, bf16 31,000 tokens/s in a timed trial of this model and batch: training in fp32"
-    monkeypatch.setattr(precision, "training_rates", lambda config, batch, length, max_seconds: None)  # a step too slow to time
-    choice, reason = auto_precision(model_config, 32, 64, on_gpu=False)
+    monkeypatch.setattr(precision, "training_rates", lambda make_model, batch, length, masking_rate, max_seconds: None)  # a step too slow to time
+    choice, reason = auto_precision(make_model, 32, 64, 0.3, on_gpu=False)
     assert choice == "no" and "too slow to time both precisions in 10 s" in reason and "--mixed-precision bf16" in reason
 
     def no_trial_on_a_gpu(*args, **kwargs):
@@ -49,4 +77,4 @@ def test_auto_takes_the_trials_answer_on_a_cpu_fp32_for_a_model_too_large_to_tim
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     for supported, expected in ((True, "bf16"), (False, "no")):
         monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: supported)
-        assert auto_precision(model_config, 32, 64, on_gpu=True)[0] == expected
+        assert auto_precision(make_model, 32, 64, 0.3, on_gpu=True)[0] == expected

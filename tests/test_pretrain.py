@@ -18,7 +18,7 @@ import torch
 import yaml
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState
-from conftest import TINY_PRETRAIN, python_path, documentation_corpus, forget_kernel_choices, tiny_bert_config, run_config_maker, run_log, kill_after_saving, saved_tokenizer
+from conftest import TINY_PRETRAIN, python_path, documentation_corpus, forget_kernel_choices, tiny_bert_config, run_config_maker, run_log, kill_after_saving, saved_tokenizer, trial_model
 
 from scratchbert import ScratchBertConfig, ScratchBertForPreTraining, cpu_gemm
 from scratchbert.tokenization import load_tokenizer
@@ -489,13 +489,15 @@ def test_bf16_on_a_cpu_where_a_trial_finds_fp32_faster_says_so(rates, warned, ti
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU: bf16 runs there")
     asked = []
-    trial = lambda config, batch, length, max_seconds: asked.append((config.hidden_size, config.vocab_size, batch, length, max_seconds)) or rates  # noqa: E731
+    trial = lambda make_model, batch, length, masking_rate, max_seconds: asked.append((trial_model(make_model), batch, length, masking_rate, max_seconds)) or rates  # noqa: E731
     monkeypatch.setattr(precision, "training_rates", trial)
     AcceleratorState._reset_state(reset_partial_state=True)
     with caplog.at_level("WARNING", logger="scratchbert.training.precision"):
         pretrain(tiny_config(tmp_path / "run", mixed_precision="bf16", max_steps=2, save_every=0))
     config = tiny_config(tmp_path / "run")
-    assert asked == [(config.hidden_size, run_log(tmp_path / "run")[0]["vocab_size"], config.batch_size, config.max_seq_length, precision.TRIAL_SECONDS)]
+    assert config.nsp  # the paper recipe: the trial trains the NSP head too, at the recipe's 15% masking
+    model = ("ScratchBertForPreTraining", config.hidden_size, run_log(tmp_path / "run")[0]["vocab_size"])
+    assert asked == [(model, config.batch_size, config.max_seq_length, config.mlm_probability, precision.TRIAL_SECONDS)]
     assert ("--mixed-precision bf16 trains slower than fp32 on this CPU: 31,000 against 39,500 tokens/s" in caplog.text) is warned
     assert run_log(tmp_path / "run")[-1]["type"] == "final"  # a note, never a change of what was asked
 
@@ -510,7 +512,7 @@ def test_a_time_budget_trains_in_the_precision_a_trial_finds_faster_and_a_resume
     trials = []
 
     def trial(rates):
-        return lambda config, batch, length, max_seconds: trials.append((config.hidden_size, config.vocab_size, batch, length, max_seconds)) or rates
+        return lambda make_model, batch, length, masking_rate, max_seconds: trials.append((trial_model(make_model), batch, length, max_seconds)) or rates
 
     output_dir = tmp_path / "budget"
     budget = {"time_budget": 5.0, "max_steps": 4, "save_every": 2}
@@ -520,7 +522,7 @@ def test_a_time_budget_trains_in_the_precision_a_trial_finds_faster_and_a_resume
     kill_after_saving(monkeypatch, 2, lambda: pretrain(tiny_config(output_dir, **budget)))
     config = tiny_config(output_dir)
     vocabulary = len(load_tokenizer(config.tokenizer))  # the model's, from --tokenizer: not the 4,096 of a trained one
-    assert trials == [(config.hidden_size, vocabulary, config.batch_size, config.max_seq_length, precision.TRIAL_SECONDS)]
+    assert trials == [(("ScratchBertForPreTraining", config.hidden_size, vocabulary), config.batch_size, config.max_seq_length, precision.TRIAL_SECONDS)]
     assert "--mixed-precision auto: fp32 30,000, bf16 45,000 tokens/s in a timed trial of this model and batch: training in bf16" in capsys.readouterr().out
     assert json.loads((output_dir / "pretrain_config.json").read_text())["mixed_precision"] == "bf16"
 

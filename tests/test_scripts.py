@@ -248,19 +248,26 @@ def test_budget_bench_pretrains_in_the_precision_a_timed_trial_finds_faster(monk
     assert bench.parse_args([]).mixed_precision == "auto"  # decided in main(), once the tokenizer's size is known
     asked = []
     for rates, chosen in (({"no": 39_500.0, "bf16": 31_000.0}, "no"), ({"no": 30_000.0, "bf16": 45_000.0}, "bf16")):
-        trial = lambda config, batch, length, rates=rates: asked.append((config.hidden_size, config.num_hidden_layers, config.vocab_size, batch, length)) or rates  # noqa: E731
+        def trial(make_model, batch, length, masking_rate, rates=rates):
+            model = make_model()
+            asked.append((type(model).__name__, model.config.hidden_size, model.config.num_hidden_layers, model.config.vocab_size, batch, length, masking_rate))
+            return rates
+
         monkeypatch.setattr(precision, "training_rates", trial)
         args = bench.parse_args(["--set", "bbc-news", "--pretrain-option", "num_hidden_layers=4", "--out", str(tmp_path)])
         assert bench.choose_mixed_precision(args, 4000) == (chosen, rates)
         args.mixed_precision, args.precision_rates = chosen, rates
         assert bench.measured_precisions(args) == f" (the faster in a timed trial: fp32 {rates['no']:,.0f}, bf16 {rates['bf16']:,.0f} tokens/s)"
     tiny = bench.PretrainConfig(preset="tiny")
-    assert asked[0] == (tiny.hidden_size, 4, 4000, 32, 64)  # the run's own model, vocabulary and batch
+    assert asked[0] == ("ScratchBertForMaskedLM", tiny.hidden_size, 4, 4000, 32, 64, 0.3)  # the run's own model, vocabulary, batch, masks
+    args = bench.parse_args(["--set", "bbc-news", "--pretrain-option", "objective=electra", "--out", str(tmp_path)])
+    bench.choose_mixed_precision(args, 4000)
+    assert asked[-1][0] == "ElectraForPretraining"  # (a) made ELECTRA by --pretrain-option: its generator and discriminator timed
 
     (tmp_path / "a").mkdir()  # reused: the precision its pretraining ran in, not a new trial's
     (tmp_path / "a" / "pretrain_config.json").write_text(json.dumps({"mixed_precision": "bf16"}))
     assert bench.choose_mixed_precision(bench.parse_args(["--out", str(tmp_path), "--reuse"]), 4000) == ("bf16", None)
-    assert len(asked) == 2
+    assert len(asked) == 3  # no new trial for the reused run
     assert bench.parse_args(["--mixed-precision", "no"]).mixed_precision == "no"  # told: as told
 
 

@@ -16,6 +16,7 @@ from scratchbert.tokenization import load_tokenizer
 from scratchbert.training import checkpoint as ckpt
 from scratchbert.training import prepared
 from scratchbert.training.config import DEFAULT_VOCAB_SIZE, PretrainConfig
+from scratchbert.training.models import pretraining_model
 from scratchbert.training.precision import auto_precision
 
 
@@ -27,8 +28,8 @@ def settle_mixed_precision(config: PretrainConfig) -> PretrainConfig:
     """`--mixed-precision auto` made concrete, before the Accelerator that fixes a run's precision exists.
 
     A resumed run keeps the precision its checkpoint trained in. Otherwise the main process
-    decides (`precision.auto_precision`: on a CPU a timed trial of this model and batch, with
-    the vocabulary `trial_vocab_size` expects) and tells the others, so every process trains alike. The
+    decides (`precision.auto_precision`: on a CPU a timed trial of the run's model, batch and
+    masking rate, with the vocabulary `trial_vocab_size` expects) and tells the others, so every process trains alike. The
     returned config names the precision chosen, and so does the pretrain_config.json it saves.
     """
     if config.mixed_precision != "auto":
@@ -57,7 +58,10 @@ def _auto_decision(config: PretrainConfig) -> tuple[str, str]:
         resumed = ckpt.read_trainer_state(checkpoints[-1][1])["config"].get("mixed_precision", "no")
         return resumed, f"{'fp32' if resumed == 'no' else resumed}, the precision of the checkpoint this run continues"
     model_config = ScratchBertConfig(vocab_size=trial_vocab_size(config), **config.model_kwargs())
-    return auto_precision(model_config, config.batch_size, config.max_seq_length, on_gpu=_has_accelerator_device())
+    return auto_precision(
+        lambda: pretraining_model(config, model_config), config.batch_size, config.max_seq_length, config.mlm_probability,
+        on_gpu=_has_accelerator_device(),
+    )
 
 
 def trial_vocab_size(config: PretrainConfig) -> int:

@@ -14,14 +14,15 @@ trains in the faster (`auto_precision`).
 
 from __future__ import annotations
 
+import inspect
 import logging
 import time
+from collections.abc import Callable
 
 import torch
+from torch import nn
 
 from scratchbert import cpu_gemm
-from scratchbert.configuration_scratchbert import ScratchBertConfig
-from scratchbert.modeling_scratchbert import ScratchBertForMaskedLM
 from scratchbert.training.schedules import adamw, parameter_groups
 
 PRECISIONS = {"no": None, "bf16": torch.bfloat16}  # --mixed-precision value -> autocast dtype
@@ -32,13 +33,15 @@ logger = logging.getLogger(__name__)
 
 
 def training_rates(
-    model_config: ScratchBertConfig, batch_size: int, seq_length: int, steps: int = 8, warmup: int = 3, rounds: int = 2,
-    max_seconds: float | None = None,
+    make_model: Callable[[], nn.Module], batch_size: int, seq_length: int, masking_rate: float = 0.15, steps: int = 8,
+    warmup: int = 3, rounds: int = 2, max_seconds: float | None = None,
 ) -> dict[str, float] | None:
-    """Tokens per second of an MLM pretraining step on this CPU, per `--mixed-precision` value ("no", "bf16").
+    """Tokens per second of a pretraining step on this CPU, per `--mixed-precision` value ("no", "bf16").
 
-    A throwaway `ScratchBertForMaskedLM` of `model_config`, on random tokens of the run's batch
-    shape (`batch_size` x `seq_length`, 15% of them predicted): forward under the precision's
+    A throwaway copy of the run's model (`make_model()`: `models.pretraining_model`'s MLM, NSP or
+    ELECTRA model, whose steps differ in cost), on random tokens of the run's batch shape
+    (`batch_size` x `seq_length`, `masking_rate` of them predicted, as the run's masks predict;
+    random sentence-pair labels for a model with an NSP head): forward under the precision's
     autocast, backward, fused AdamW. Each precision runs `warmup` untimed steps (cpu_gemm times
     its kernels on the first calls) and then `rounds` times `steps` timed steps, the rounds of
     the precisions interleaved; its rate is the best round's, so a moment of load on a shared
@@ -49,16 +52,19 @@ def training_rates(
     generator = torch.Generator().manual_seed(0)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        model = ScratchBertForMaskedLM(model_config).train()
+        model = make_model().train()
     optimizer = adamw(parameter_groups(model, 0.01), torch.device("cpu"), lr=1e-4, betas=(0.9, 0.999), eps=1e-6)
-    input_ids = torch.randint(model_config.vocab_size, (batch_size, seq_length), generator=generator)  # (B, S)
-    labels = torch.where(torch.rand(batch_size, seq_length, generator=generator) < 0.15, input_ids, -100)  # (B, S)
+    input_ids = torch.randint(model.config.vocab_size, (batch_size, seq_length), generator=generator)  # (B, S)
+    predicted = torch.rand(batch_size, seq_length, generator=generator) < masking_rate  # (B, S)
+    batch = {"input_ids": input_ids, "labels": torch.where(predicted, input_ids, -100)}
+    if "next_sentence_label" in inspect.signature(model.forward).parameters:  # an NSP head to train too
+        batch["next_sentence_label"] = torch.randint(2, (batch_size,), generator=generator)  # (B,)
 
     def run(dtype: torch.dtype | None, count: int) -> float:
         started = time.perf_counter()
         for _ in range(count):
             with torch.random.fork_rng(devices=[]), torch.autocast("cpu", dtype=dtype or torch.bfloat16, enabled=dtype is not None):
-                loss = model(input_ids=input_ids, labels=labels).loss  # dropout draws from a forked stream
+                loss = model(**batch).loss  # dropout (and ELECTRA's samples) draw from a forked stream
             loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
@@ -87,18 +93,20 @@ def faster_precision(rates: dict[str, float]) -> str:
     return "bf16" if rates["bf16"] > BF16_MARGIN * rates["no"] else "no"
 
 
-def auto_precision(model_config: ScratchBertConfig, batch_size: int, seq_length: int, on_gpu: bool) -> tuple[str, str]:
+def auto_precision(
+    make_model: Callable[[], nn.Module], batch_size: int, seq_length: int, masking_rate: float, on_gpu: bool
+) -> tuple[str, str]:
     """What `--mixed-precision auto` trains in, and a line that says why.
 
     On a GPU: bf16 where it has bf16 units (CUDA's own answer), else fp32. On a CPU: the faster
-    in a timed trial of this model and batch (`training_rates`, at most `TRIAL_SECONDS`); a model
+    in a timed trial of the run's model, batch and masking rate (`training_rates`, at most `TRIAL_SECONDS`); a model
     too large to time in that trains in fp32, the precision that never needs a trial to be right.
     """
     if on_gpu:
         if torch.cuda.is_available() and torch.cuda.is_bf16_supported():
             return "bf16", "bf16, which this GPU computes natively"
         return "no", "fp32: this device has no bf16 support that torch reports"
-    rates = training_rates(model_config, batch_size, seq_length, max_seconds=TRIAL_SECONDS)
+    rates = training_rates(make_model, batch_size, seq_length, masking_rate, max_seconds=TRIAL_SECONDS)
     if rates is None:
         return "no", (
             f"fp32: a step of this model is too slow to time both precisions in {TRIAL_SECONDS:.0f} s "
@@ -111,14 +119,16 @@ def auto_precision(model_config: ScratchBertConfig, batch_size: int, seq_length:
     )
 
 
-def warn_if_fp32_is_faster(model_config: ScratchBertConfig, batch_size: int, seq_length: int) -> dict[str, float] | None:
+def warn_if_fp32_is_faster(
+    make_model: Callable[[], nn.Module], batch_size: int, seq_length: int, masking_rate: float
+) -> dict[str, float] | None:
     """`--mixed-precision bf16` on a CPU: time this run's model and batch in both, and warn if fp32 is faster.
 
     A note, never a change of what was asked. Skipped (None) for a model whose trial would take
     longer than `TRIAL_SECONDS`: at bert-base's size the GEMMs are most of a step, and bf16 ran at
     fp32's speed even on the Intel without AMX (8.8 against 8.9 s a step; docs/performance.md).
     """
-    rates = training_rates(model_config, batch_size, seq_length, max_seconds=TRIAL_SECONDS)
+    rates = training_rates(make_model, batch_size, seq_length, masking_rate, max_seconds=TRIAL_SECONDS)
     if rates is not None and faster_precision(rates) == "no":
         logger.warning(
             f"--mixed-precision bf16 trains slower than fp32 on this CPU: {rates['bf16']:,.0f} against {rates['no']:,.0f} "

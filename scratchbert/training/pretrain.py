@@ -11,9 +11,9 @@ One loop, the same on a laptop core or a cluster, written with Hugging Face Acce
   1. `setup`     `PretrainConfig` -> an `Accelerator` (`accelerator.py`); the corpus, the tokenizer
                  and the example datasets (`corpus.py`) are built and checked *before* the output
                  folder is touched (a bad input never damages a finished run); then the folder is
-                 prepared (`output_folder.py`), and the model (`ScratchBertForMaskedLM`, or with NSP
-                 `ScratchBertForPreTraining`, or with `--objective electra` a generator and a
-                 discriminator: `electra.py`), AdamW and the schedule (over steps or, with
+                 prepared (`output_folder.py`), and the model (`models.py`: `ScratchBertForMaskedLM`,
+                 or with NSP `ScratchBertForPreTraining`, or with `--objective electra` a generator and
+                 a discriminator: `electra.py`), AdamW and the schedule (over steps or, with
                  `--time-budget`, over elapsed training time: `schedules.py`) are made and `prepare`d.
                  The recipe (config.RECIPES) decides what the examples are: contiguous
                  text packed to full length (`packed`, the default) or NSP sentence pairs
@@ -42,10 +42,10 @@ Exact resumption needs every random draw to be reproducible from the checkpoint:
 from __future__ import annotations
 
 import gc
-import math
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -57,16 +57,16 @@ from scratchbert import cpu_gemm
 from scratchbert.configuration_scratchbert import ScratchBertConfig
 from scratchbert.errors import NonFiniteLossError, ScratchBertError
 from scratchbert.inspection import fill_mask, load_masked_lm
-from scratchbert.modeling_scratchbert import ScratchBertForMaskedLM, ScratchBertForPreTraining
 from scratchbert.training import checkpoint as ckpt
 from scratchbert.training.accelerator import build_accelerator, settle_mixed_precision
 from scratchbert.training.collator import SeededCollator
 from scratchbert.training.config import PretrainConfig
 from scratchbert.training.corpus import build_data, check_vocabulary, make_dataloaders, make_long_loader
 from scratchbert.training.data import progress_bars
-from scratchbert.training.electra import GENERATOR_DIR, ElectraForPretraining
+from scratchbert.training.electra import GENERATOR_DIR
 from scratchbert.training.evaluation import evaluate, held_out_passages, plateau_report, weight_checksum
 from scratchbert.training.folder_lock import OutputDirLock
+from scratchbert.training.models import pretraining_model
 from scratchbert.training.output_folder import CURVES_FILE, KERNEL_DECISIONS_FILE, LOG_FILE, check_output_dir, prepare_output_dir, save_final_model
 from scratchbert.training.precision import warn_if_fp32_is_faster
 from scratchbert.training.prepared import load_prepared
@@ -92,47 +92,13 @@ DEMO_SENTENCES = (
 def build_model(config: PretrainConfig, tokenizer, vocab_size: int, model_class=None, config_class=None):
     """A freshly initialised pretraining model of `vocab_size` tokens, checked against the tokenizer.
 
-    With NSP: `ScratchBertForPreTraining` (pooler, MLM and NSP heads). Without: the MLM
-    head alone, `ScratchBertForMaskedLM`, with no pooler, so nothing untrained is saved and
-    a fine-tuned classifier starts its pooler fresh (as from transformers' `run_mlm.py`).
-    With `--objective electra`: `ElectraForPretraining`, a generator and the discriminator
-    that is saved, sharing one embeddings module.
+    Which model a run trains (the MLM head alone, with NSP, or ELECTRA's pair) is
+    `models.pretraining_model`'s choice; the precision trial builds its throwaway copy there too.
     """
-    if model_class is None:
-        model_class, config_class = ScratchBertForPreTraining if config.nsp else ScratchBertForMaskedLM, ScratchBertConfig
+    config_class = config_class or ScratchBertConfig
     model_config = config_class(vocab_size=vocab_size, pad_token_id=tokenizer.pad_token_id, **config.model_kwargs())
     check_vocabulary(tokenizer, model_config)
-    if config.objective == "electra":
-        model = ElectraForPretraining(model_config, config.generator_layers, config.discriminator_weight)
-        embeddings = model.discriminator.embeddings  # the generator's too
-    else:
-        model = model_class(model_config)
-        embeddings = model.base_model.embeddings
-    if config.position_init == "sinusoidal":
-        init_positions_sinusoidal(embeddings.position_embeddings, std=model_config.initializer_range)
-    return model
-
-
-@torch.no_grad()
-def init_positions_sinusoidal(table: torch.nn.Embedding, std: float) -> None:
-    """Start BERT's learned position table from the Transformer's sines and cosines.
-
-    Row p, columns 2i and 2i+1: sin and cos of p / 10000^(2i/H) (Vaswani et al. 2017), scaled
-    to amplitude std·√2 so each column has the spread of BERT's N(0, std) start. The table
-    stays a learned parameter under the same name; only its starting values change. At the
-    start every position is then a rotation of its neighbours (a linear map takes row p to row
-    p+k), so attention can look "one to the left" from the first steps, where from N(0, std)
-    noise the model has to discover that order first. What that bought and cost when measured
-    (docs/pretraining.md, "The second plateau") is why this is `--position-init sinusoidal`,
-    not the default.
-    """
-    rows, width = table.weight.shape
-    position = torch.arange(rows, dtype=torch.float32)[:, None]  # (P, 1)
-    frequency = torch.exp(torch.arange(0, width, 2, dtype=torch.float32) * (-math.log(10000.0) / width))  # (H/2,)
-    angles = position * frequency  # (P, H/2)
-    amplitude = std * math.sqrt(2.0)
-    table.weight[:, 0::2] = amplitude * torch.sin(angles)
-    table.weight[:, 1::2] = amplitude * torch.cos(angles[:, : width // 2])
+    return pretraining_model(config, model_config, model_class)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -263,7 +229,8 @@ def setup(config: PretrainConfig, lock: OutputDirLock, model_class=None, config_
     model = build_model(config, tokenizer, vocab_size, model_class, config_class)
     if asked_precision == "bf16" and accelerator.device.type == "cpu" and accelerator.is_main_process and resume_state is None:
         # bf16 is not faster on every CPU that has bf16 instructions: a few timed steps say (precision.py)
-        warn_if_fp32_is_faster(ScratchBertConfig(vocab_size=vocab_size, **config.model_kwargs()), config.batch_size, config.max_seq_length)
+        trial_model = partial(build_model, config, tokenizer, vocab_size, model_class, config_class)  # a throwaway copy
+        warn_if_fp32_is_faster(trial_model, config.batch_size, config.max_seq_length, config.mlm_probability)
 
     # Everything is known to be good: only now is the folder cleared (--overwrite) and written.
     prepare_output_dir(config, accelerator, tokenizer, fresh_start=resume_state is None, lock=lock)
