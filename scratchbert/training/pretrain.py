@@ -229,7 +229,7 @@ def setup(config: PretrainConfig, lock: OutputDirLock, model_class=None, config_
     model = build_model(config, tokenizer, vocab_size, model_class, config_class)
     if asked_precision == "bf16" and accelerator.device.type == "cpu" and accelerator.is_main_process and resume_state is None:
         # bf16 is not faster on every CPU that has bf16 instructions: a few timed steps say (precision.py)
-        trial_model = partial(build_model, config, tokenizer, vocab_size, model_class, config_class)  # a throwaway copy
+        trial_model = partial(pretraining_model, config, model.config, model_class)  # a throwaway copy, already checked
         warn_if_fp32_is_faster(trial_model, config.batch_size, config.max_seq_length, config.mlm_probability)
 
     # Everything is known to be good: only now is the folder cleared (--overwrite) and written.
