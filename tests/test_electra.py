@@ -162,6 +162,25 @@ def test_samples_come_from_the_generator_given(monkeypatch):
     assert not torch.equal(torch.get_rng_state(), state)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_samples_follow_the_generators_softmax(dtype):
+    """Inverse-CDF sampling draws from softmax(logits), as torch.multinomial did: each token's share of 200,000
+    draws within 5 standard errors of its probability, and a token of probability 0 (logit -inf) never drawn."""
+    logits = torch.tensor([[2.0, 0.0, -1.0, float("-inf"), 1.0, -3.0], [float("-inf"), 0.5, float("-inf"), 0.0, 3.0, -2.0]])
+    logits = logits.to(dtype)
+    draws = 100_000
+    rows = logits.repeat_interleave(draws, dim=0)  # (2 * draws, V): each row drawn from `draws` times
+    samples = electra.sample_tokens(rows, torch.Generator().manual_seed(0)).view(2, draws)  # (2, draws)
+    expected = torch.softmax(logits.float(), dim=-1)  # (2, V)
+    for row in range(2):
+        counts = torch.bincount(samples[row], minlength=logits.shape[1]).double()
+        shares = counts / draws
+        standard_error = (expected[row].double() * (1 - expected[row].double()) / draws).sqrt()
+        assert torch.all((shares - expected[row].double()).abs() <= 5 * standard_error + 1e-4), (row, shares, expected[row])
+        assert counts[expected[row] == 0].sum() == 0
+    assert samples.min() >= 0 and samples.max() < logits.shape[1]
+
+
 def test_the_discriminator_learns_a_replacement_it_can_tell_apart(monkeypatch):
     """Replacements by a token the text never holds are found from the token alone: a working RTD
     path learns them in a few dozen steps, far above answering "original" everywhere. (From a generator
