@@ -27,7 +27,7 @@ from scratchbert.training import checkpoint as ckpt
 from scratchbert.training import electra
 from scratchbert.training.config import PretrainConfig
 from scratchbert.training.electra import GENERATOR_DIR, ElectraForPretraining
-from scratchbert.training.evaluation import evaluate
+from scratchbert.training.evaluation import binned_auc, evaluate, logit_histogram
 from scratchbert.training.pretrain import pretrain
 
 TINY = {**TINY_PRETRAIN, "recipe": "packed", "objective": "electra"}  # conftest.py: its run, on the default recipe
@@ -201,6 +201,30 @@ def test_the_discriminator_learns_a_replacement_it_can_tell_apart(monkeypatch):
         optimizer.step()
     everything_original = 1 - out.replaced.float().mean().item()
     assert out.discriminator_accuracy.item() > everything_original + 0.1, (out.discriminator_accuracy, everything_original)
+    held_out = {"input_ids": batch["input_ids"], "attention_mask": torch.ones_like(original), "token_type_ids": torch.zeros_like(original),
+                "labels": batch["labels"]}  # fmt: skip
+    assert evaluate(model, [held_out], Accelerator(cpu=True))["rtd_auc"] > 0.9  # 0.35 before these 40 steps
+
+
+@pytest.mark.parametrize("integer_logits", [True, False])
+def test_rtd_auc_is_the_rank_statistic_of_replaced_over_original(integer_logits):
+    """The evaluation's AUC from binned logits equals P(replaced logit > original logit) + half the ties, over
+    real tokens only: exactly for logits on the bins' edges (ties in one bin), to 1e-3 for continuous ones."""
+    gen = torch.Generator().manual_seed(0)
+    replaced = torch.rand(16, 50, generator=gen) < 0.2  # (B, S)
+    logits = torch.randn(16, 50, generator=gen) + 0.8 * replaced  # replaced tokens score higher on average
+    if integer_logits:
+        logits = logits.round()
+    logits[0, 0], logits[0, 1] = 40.0, -40.0  # past the binned range: the outermost bins
+    attention_mask = (torch.arange(50) < 40).long().expand(16, 50)  # the last 10 positions are padding
+    real = attention_mask.bool()
+    logits[~real] = torch.where(replaced[~real], -30.0, 30.0)  # padding that would turn the AUC upside down if counted
+    positive, negative = logits[real & replaced], logits[real & ~replaced]
+    wins = (positive[:, None] > negative[None, :]).double() + 0.5 * (positive[:, None] == negative[None, :]).double()
+    exact = wins.mean().item()
+    binned = binned_auc(logit_histogram(logits, replaced, attention_mask))
+    assert binned == pytest.approx(exact, abs=1e-12 if integer_logits else 1e-3)
+    assert binned_auc(logit_histogram(logits, torch.zeros_like(replaced), attention_mask)) is None  # nothing replaced: undefined
 
 
 def test_evaluation_is_deterministic_and_reports_the_generator_and_the_discriminator(deterministic_mode):
@@ -220,6 +244,7 @@ def test_evaluation_is_deterministic_and_reports_the_generator_and_the_discrimin
         round(first["replaced_fraction"] * real_tokens)
     )
     assert 0 <= first["rtd_accuracy"] <= 1 and (first["rtd_accuracy"] * real_tokens) == pytest.approx(round(first["rtd_accuracy"] * real_tokens))
+    assert 0 <= first["rtd_auc"] <= 1
     assert {"mlm_loss", "mlm_accuracy", "perplexity"} <= set(first) and "nsp_accuracy" not in first
 
 
@@ -235,6 +260,7 @@ def test_a_short_run_learns_and_logs_the_objective(finished_run):
     assert [r["step"] for r in evals] == [4, 8]
     for record in evals:
         assert 0 < record["replaced_fraction"] < 1 and 0.5 < record["rtd_accuracy"] <= 1  # most tokens are original
+        assert 0 <= record["rtd_auc"] <= 1
         assert 0 <= record["mlm_accuracy"] <= 1 and record["perplexity"] > 1
     saved = json.loads((finished_run / "pretrain_config.json").read_text())
     assert (saved["objective"], saved["generator_layers"], saved["discriminator_weight"]) == ("electra", 1, 50.0)

@@ -371,6 +371,7 @@ def test_evaluation_scores_the_guess_that_reads_no_context():
         ({"mlm_accuracy": 0.044, "context_free_accuracy": 0.136}, True),  # never learned to copy a kept token
         ({"mlm_accuracy": 0.165, "context_free_accuracy": 0.136}, False),  # 200 steps later: it reads context
         ({"mlm_accuracy": 0.10, "context_free_accuracy": 0.05, "rtd_accuracy": 0.863, "replaced_fraction": 0.137}, True),
+        ({"mlm_accuracy": 0.27, "context_free_accuracy": 0.135, "rtd_accuracy": 0.8796, "replaced_fraction": 0.1204, "rtd_auc": 0.521}, True),  # accuracy at the base rate, as in the IMDB hour at step 8,000; AUC as in the probes (docs/pretraining.md)
         ({"mlm_accuracy": 0.05, "context_free_accuracy": 0.05, "rtd_accuracy": 0.92, "replaced_fraction": 0.137}, False),
     ],
 )
@@ -382,6 +383,7 @@ def test_plateau_report(metrics, warned):
     if warned:
         assert "not yet learned to read context" in report and "--time-budget" in report and "--vocab-size" in report
         assert ("replaced-token detection" in report) == ("rtd_accuracy" in metrics)
+        assert ("0.52 of the time (0.5 is chance)" in report) == ("rtd_auc" in metrics)
 
 
 def test_a_run_that_ends_on_the_plateau_says_so(finished_run, tiny_config, tmp_path, capsys):

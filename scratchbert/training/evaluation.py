@@ -4,8 +4,11 @@ The MLM head runs only where a label is (the model's sparse MLM logits: `labelle
 `mlm_logits`), so evaluation costs (N, V) scores instead of (B, S, V).
 
 An ELECTRA model (`electra.py`) reports its generator's MLM figures under the same names, plus
-`rtd_accuracy` (the discriminator's replaced-token detection over real tokens) and
-`replaced_fraction` (the share of real tokens the generator's samples changed). Its samples come
+`rtd_accuracy` (the discriminator's replaced-token detection over real tokens),
+`replaced_fraction` (the share of real tokens the generator's samples changed) and `rtd_auc`
+(how often a replaced token's logit is above an original token's: 0.5 is chance). The AUC shows
+what accuracy hides: a discriminator whose logits all stay below 0 scores exactly the accuracy of
+answering "original" everywhere, however well it ranks (docs/pretraining.md). Its samples come
 from a generator seeded afresh at every evaluation: the figures are deterministic, and the
 training run's random stream is left untouched.
 
@@ -33,6 +36,10 @@ EVAL_MLM_PROBABILITY = 0.15  # held-out MLM accuracy is always measured at BERT'
 EVAL_SAMPLING_SEED = 0  # ELECTRA: the generator's samples during evaluation
 # The per-example columns that `_per_example_counts` returns, in order.
 COUNTS = ("mlm_loss_sum", "masked", "mlm_correct", "nsp_correct", "examples", "real_tokens", "rtd_correct", "replaced", "shown")
+# ELECTRA's AUC: the discriminator's logits binned over [-AUC_LOGIT_RANGE, AUC_LOGIT_RANGE] (the
+# outermost bins take the rest), so each process sums histograms instead of gathering every logit.
+AUC_LOGIT_RANGE = 12.0
+AUC_BINS = 2400  # 0.01 of a logit per bin
 
 
 @torch.no_grad()
@@ -50,6 +57,7 @@ def evaluate(model, eval_loader, accelerator: Accelerator, mask_token_id: int | 
     sampling = torch.Generator(device=accelerator.device).manual_seed(EVAL_SAMPLING_SEED) if electra else None
     totals = torch.zeros(len(COUNTS), dtype=torch.float64, device=accelerator.device)
     masked_targets = torch.zeros(unwrapped.config.vocab_size, dtype=torch.float64, device=accelerator.device)  # (V,) at [MASK]
+    logit_histograms = torch.zeros(2, AUC_BINS, dtype=torch.float64, device=accelerator.device)  # ELECTRA: (original, replaced)
     has_nsp = False
     for batch in eval_loader:
         labels = batch["labels"]
@@ -73,10 +81,13 @@ def evaluate(model, eval_loader, accelerator: Accelerator, mask_token_id: int | 
         shown = inputs["input_ids"][labels != IGNORE_INDEX]  # (N,): what the input holds at each scored position
         at_mask = shown == mask_token_id if mask_token_id is not None else shown != targets  # (N,)
         masked_targets += torch.bincount(targets[at_mask], minlength=masked_targets.numel()).double()
+        if rtd is not None:
+            logit_histograms += logit_histogram(*rtd, batch["attention_mask"])
     model.train()
     # Summed over processes: an uneven last batch repeats at most num_processes - 1 examples here
     # (gather_for_metrics drops them from the other figures); the mode it picks does not change.
     masked_targets = accelerator.reduce(masked_targets, reduction="sum")
+    logit_histograms = accelerator.reduce(logit_histograms, reduction="sum")
     total = dict(zip(COUNTS, totals.tolist()))
     n_masked = max(total["masked"], 1.0)
     mlm_loss = total["mlm_loss_sum"] / n_masked
@@ -93,7 +104,31 @@ def evaluate(model, eval_loader, accelerator: Accelerator, mask_token_id: int | 
     if electra:
         metrics["rtd_accuracy"] = total["rtd_correct"] / max(total["real_tokens"], 1.0)
         metrics["replaced_fraction"] = total["replaced"] / max(total["real_tokens"], 1.0)
+        metrics["rtd_auc"] = binned_auc(logit_histograms)
     return metrics
+
+
+def logit_histogram(logits: torch.Tensor, replaced: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    """The discriminator's logits over real tokens, counted in AUC_BINS bins: row 0 original tokens, row 1 replaced.
+
+    logits, replaced, attention_mask: (B, S) each (no mask: every token is real). Returns (2, AUC_BINS).
+    """
+    real = attention_mask.bool() if attention_mask is not None else torch.ones_like(replaced)  # (B, S)
+    scaled = (logits.float().clamp(-AUC_LOGIT_RANGE, AUC_LOGIT_RANGE) + AUC_LOGIT_RANGE) / (2 * AUC_LOGIT_RANGE)  # (B, S), in [0, 1]
+    bins = (scaled * AUC_BINS).long().clamp_(max=AUC_BINS - 1)  # (B, S)
+    index = replaced.long() * AUC_BINS + bins  # (B, S): row-major into the (2, AUC_BINS) table
+    return torch.bincount(index[real], minlength=2 * AUC_BINS).double().view(2, AUC_BINS)
+
+
+def binned_auc(histograms: torch.Tensor) -> float | None:
+    """The chance that a replaced token's logit is above an original one's (Mann-Whitney U / pairs), from
+    `logit_histogram`'s counts (2, bins): a pair in one bin counts a half. None with no tokens of either kind."""
+    original, replaced = histograms.double()  # (bins,) each
+    pairs = original.sum() * replaced.sum()
+    if pairs == 0:
+        return None
+    below = original.cumsum(0) - original  # (bins,): original tokens in lower bins
+    return ((replaced * (below + 0.5 * original)).sum() / pairs).item()
 
 
 # How far above the context-free guess held-out MLM accuracy must be to count as reading context
@@ -116,6 +151,8 @@ def plateau_report(metrics: dict) -> str | None:
             f"its replaced-token detection accuracy {metrics['rtd_accuracy']:.3f} is not clearly above that of answering \"original\" "
             f"for every token ({everything_original:.3f})"
         )
+        if metrics.get("rtd_auc") is not None:
+            problem += f"; it ranks a replaced token above an original one {metrics['rtd_auc']:.2f} of the time (0.5 is chance)"
     else:
         if "context_free_accuracy" not in metrics or metrics["mlm_accuracy"] >= metrics["context_free_accuracy"] + PLATEAU_MARGIN:
             return None

@@ -17,7 +17,7 @@ def plot_training_curves(records: list[dict], path: str | Path, title: str = "sc
 
     `records` are the log's dicts: `{"type": "train", "step", "loss"}` and
     `{"type": "eval", "step", "mlm_loss", "mlm_accuracy", "context_free_accuracy", "nsp_accuracy"}`; an ELECTRA run's
-    evaluations carry its generator's MLM figures and `rtd_accuracy` instead of `nsp_accuracy`.
+    evaluations carry its generator's MLM figures, `rtd_accuracy` and `rtd_auc` instead of `nsp_accuracy`.
     """
     import matplotlib
 
@@ -40,6 +40,10 @@ def plot_training_curves(records: list[dict], path: str | Path, title: str = "sc
     if has_rtd:
         rtd = [r for r in evals if "rtd_accuracy" in r]
         accuracy_axis.plot([r["step"] for r in rtd], [r["rtd_accuracy"] for r in rtd], "s-", label="held-out replaced-token detection accuracy")
+        auc = [r for r in rtd if r.get("rtd_auc") is not None]
+        if auc:  # logs written before the AUC was evaluated have none
+            accuracy_axis.plot([r["step"] for r in auc], [r["rtd_auc"] for r in auc], "^-", label="held-out replaced-token detection AUC")
+            accuracy_axis.axhline(0.5, color="grey", linestyle=":", linewidth=1, label="AUC chance")
     if has_nsp:
         nsp = [r for r in evals if "nsp_accuracy" in r]
         accuracy_axis.plot([r["step"] for r in nsp], [r["nsp_accuracy"] for r in nsp], "s-", label="held-out NSP accuracy")

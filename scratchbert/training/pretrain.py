@@ -416,6 +416,8 @@ def finish(run: Run, log: RunLog, started: float, cpu_started: float) -> Pretrai
     electra = run.config.objective == "electra"
     nsp = f", NSP accuracy {metrics['nsp_accuracy']:.3f}" if "nsp_accuracy" in metrics else ""
     rtd = f", replaced-token detection accuracy {metrics['rtd_accuracy']:.3f}" if electra else ""
+    if electra and metrics.get("rtd_auc") is not None:
+        rtd += f" (AUC {metrics['rtd_auc']:.3f}; 0.5 is chance)"
     saved = f"model and tokenizer saved in {output_dir}"
     if electra:
         saved = f"discriminator and tokenizer saved in {output_dir}, generator in {output_dir / GENERATOR_DIR}"
