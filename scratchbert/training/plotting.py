@@ -49,7 +49,8 @@ def plot_training_curves(records: list[dict], path: str | Path, title: str = "sc
         accuracy_axis.plot([r["step"] for r in nsp], [r["nsp_accuracy"] for r in nsp], "s-", label="held-out NSP accuracy")
         accuracy_axis.axhline(0.5, color="grey", linestyle=":", linewidth=1, label="NSP chance")
     loss_axis.set(xlabel="optimizer step", ylabel="loss", title="loss")
-    accuracy_axis.set(xlabel="optimizer step", ylabel="accuracy", title="held-out accuracy", ylim=(0, 1))
+    score = "accuracy and AUC" if has_rtd else "accuracy"
+    accuracy_axis.set(xlabel="optimizer step", ylabel=score, title=f"held-out {score}", ylim=(0, 1))
     for axis in (loss_axis, accuracy_axis):
         axis.grid(alpha=0.3)
         axis.legend()
