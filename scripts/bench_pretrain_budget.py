@@ -27,7 +27,8 @@ command holds 10% of the budget out to pick its epoch) and scored on `--test-exa
 documents; TF-IDF learns from the whole budget. The table gives test accuracy and macro-F1 as
 mean ± 1 sample standard deviation over the seeds, how many seeds gave (nearly) every example one
 class, held-out MLM accuracy of (a) and (d) on test documents (15% masking, the same masks for
-both) and their training throughput.
+both; for (e) its generator's, beside its discriminator's replaced-token detection AUC on the
+run's own held-out split) and their training throughput.
 
     pip install -e .[bench]
     python scripts/bench_pretrain_budget.py                                   # IMDB, 60 minutes, 3 seeds
@@ -93,7 +94,6 @@ def write_pretraining_text(rows: list[dict], target: Path) -> int:
 def pretrain_scratchbert(args, text_file: Path, tokenizer_dir: Path, out: Path, objective: str = "mlm") -> dict:
     """`scratchbert pretrain --time-budget` with the default recipe; `objective="electra"` for row (e)."""
     from scratchbert.training.pretrain import pretrain
-    from scratchbert.training.plotting import read_log
 
     config = PretrainConfig(**{
         "preset": args.preset, "train_files": [str(text_file)], "tokenizer": str(tokenizer_dir), "max_seq_length": args.max_seq_length,
@@ -103,8 +103,17 @@ def pretrain_scratchbert(args, text_file: Path, tokenizer_dir: Path, out: Path, 
         **args.pretrain_options,  # e.g. seed=1: another pretraining of the same recipe on the same labels and test documents
     })  # fmt: skip
     pretrain(config)
-    final = [r for r in read_log(out / "train_log.jsonl") if r["type"] == "final"][-1]
-    return {"steps": final["step"], "tokens": final["tokens_seen"], "seconds": final["training_seconds"]}
+    return pretraining_stats(out)
+
+
+def pretraining_stats(run_dir: Path) -> dict:
+    """Steps, tokens and training seconds from a run's final record; for ELECTRA also its discriminator's
+    AUC on the run's own held-out split (`rtd_auc`, in logs written since it was added)."""
+    from scratchbert.training.plotting import read_log
+
+    final = [r for r in read_log(run_dir / "train_log.jsonl") if r["type"] == "final"][-1]
+    stats = {"steps": final["step"], "tokens": final["tokens_seen"], "seconds": final["training_seconds"]}
+    return stats | ({"rtd_auc": final["rtd_auc"]} if final.get("rtd_auc") is not None else {})
 
 
 # What the table's header says of (a) and (e): a reused run must have been made with the same values.
@@ -500,12 +509,8 @@ def main() -> None:
         if key not in args.rows:
             continue
         if args.reuse and (out / key / "model.safetensors").is_file():
-            from scratchbert.training.plotting import read_log
-
             check_reused_pretraining(args, out / key)
-
-            final = [r for r in read_log(out / key / "train_log.jsonl") if r["type"] == "final"][-1]
-            stats = {"steps": final["step"], "tokens": final["tokens_seen"], "seconds": final["training_seconds"]}
+            stats = pretraining_stats(out / key)
         else:
             stats = pretrain_scratchbert(args, text_file, out / "tokenizer", out / key, objective)
         table_rows[key] = {"name": name, "dir": out / key, **stats}
@@ -548,7 +553,9 @@ def main() -> None:
     for key in sorted(table_rows):
         row = table_rows[key]
         accuracy, f1 = ([run[name] for run in row["runs"]] for name in ("accuracy", "macro_f1"))
-        mlm = f"{row['mlm_accuracy']:.3f}" + (" (generator)" if key == "e" else "") if "mlm_accuracy" in row else ""
+        mlm = f"{row['mlm_accuracy']:.3f}" if "mlm_accuracy" in row else ""
+        if key == "e":  # the generator's MLM; the discriminator's AUC is its run's, on the run's own held-out split
+            mlm += " (generator" + (f"; discriminator AUC {row['rtd_auc']:.3f}" if "rtd_auc" in row else "") + ")"
         speed = f"{row['tokens_per_second']:,.0f}" if "tokens_per_second" in row else ""
         collapsed = sum(run["collapsed"] for run in row["runs"])
         lines.append(f"| {row['name']} | {mean_std(accuracy)} | {mean_std(f1)} | {collapsed} of {len(row['runs'])} | {mlm} | {row.get('steps', '')} | {speed} |")

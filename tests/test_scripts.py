@@ -223,6 +223,17 @@ def test_budget_bench_reuses_only_a_pretraining_run_made_as_the_table_would_say(
         bench.check_reused_pretraining(bench.parse_args(["--set", "bbc-news"]), run)  # the defaults: 60 minutes, 64 tokens
 
 
+def test_budget_bench_reads_a_runs_final_record_and_electras_auc(monkeypatch, tmp_path):
+    bench = budget_bench_module(monkeypatch)
+    final = {"type": "final", "step": 40, "tokens_seen": 81_920, "training_seconds": 12.5}
+    records = [{"type": "eval", "step": 20, "rtd_auc": 0.9}, final | {"step": 30}, final]  # a resumed run ends twice
+    (tmp_path / "train_log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert bench.pretraining_stats(tmp_path) == {"steps": 40, "tokens": 81_920, "seconds": 12.5}  # MLM, or an older ELECTRA log
+    records[-1] = final | {"rtd_auc": 0.531}
+    (tmp_path / "train_log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert bench.pretraining_stats(tmp_path)["rtd_auc"] == 0.531  # the last final record's, not an earlier evaluation's
+
+
 @pytest.mark.parametrize("option, message", [("mask_rate=1", "an option of FinetuneConfig"), ("max_length=512", "give it as --finetune-length")])
 def test_budget_bench_refuses_a_finetune_option_it_cannot_pass(option, message):
     result = run_script("scripts/bench_pretrain_budget.py", "--finetune-option", option)
