@@ -10,6 +10,7 @@ needs no scratchbert at all. A classifier that pools its tokens by their mean or
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -36,8 +37,7 @@ def export_to_transformers_bert(checkpoint_dir: str | Path, out_dir: str | Path)
     names = check_weights(src)  # every weight file reads whole, or one line says which does not
     weights = weight_files(src)
     weights += [src / index for index in (SAFETENSORS_INDEX, BIN_INDEX) if (src / index).is_file()]
-    if out.resolve() == src.resolve():
-        raise ScratchBertError("The export directory must differ from the checkpoint directory.")
+    check_export_folder(src, out)
 
     config = ScratchBertConfig.from_pretrained(src)
     _check_bert_can_express(config, src)
@@ -52,6 +52,17 @@ def export_to_transformers_bert(checkpoint_dir: str | Path, out_dir: str | Path)
     _export_tokenizer(src, out)
     _verify_export(out, names)
     return out
+
+
+def check_export_folder(src: Path, out: Path) -> None:
+    """Refuse, in one line, an export folder that would overwrite the model or cannot be a folder."""
+    if out.resolve() == src.resolve():
+        raise ScratchBertError(f"the export folder {out} is the model's own folder: name another, e.g. {out.name}-export.")
+    if out.exists() and not out.is_dir():
+        raise ScratchBertError(f"cannot export to {out}: it is a file, not a folder; name a folder (it is created).")
+    parent = next((folder for folder in (out, *out.parents) if folder.exists()), Path("."))
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ScratchBertError(f"cannot export to {out}: {parent} is not writable; name a folder you can write to.")
 
 
 def _check_bert_can_express(config: ScratchBertConfig, src: Path) -> None:

@@ -133,14 +133,35 @@ def _undecodable(path: str | os.PathLike, encoding: str, err: UnicodeDecodeError
     )
 
 
+# What the decompressors raise for a file cut short (EOFError) or one that is not what its suffix
+# says (gzip.BadGzipFile and bz2's "Invalid data stream" are OSErrors; lzma has its own).
+DAMAGED_COMPRESSION = (EOFError, OSError, lzma.LZMAError)
+
+
+def _damaged(path: str | os.PathLike, err: Exception) -> DataError:
+    """The error for a compressed file that is cut short or not compressed the way its suffix says."""
+    suffix = Path(path).suffix.lower()
+    what = "ends before its compressed stream does (cut short: a partial download or copy?)" if isinstance(err, EOFError) else f"is not a valid {suffix} file ({err})"
+    return DataError(f"{path} {what}. Download or copy it again, or name it without {suffix} if it is plain text.")
+
+
+def _reading(path: str | os.PathLike, encoding: str, err: Exception) -> Exception:
+    """A user's error for `err` raised while reading `path`, or `err` itself when it is not one."""
+    if isinstance(err, UnicodeDecodeError):
+        return _undecodable(path, encoding, err)
+    if Path(path).suffix.lower() in COMPRESSIONS and isinstance(err, DAMAGED_COMPRESSION):
+        return _damaged(path, err)
+    return err
+
+
 def read_lines(paths: Sequence[str | os.PathLike], encoding: str = "utf-8") -> Iterator[str]:
     """Every line of every file (compressed files too), one file after the other."""
     for path in paths:
         try:
             with open_text(path, encoding) as handle:
                 yield from handle
-        except UnicodeDecodeError as err:
-            raise _undecodable(path, encoding, err) from None
+        except (UnicodeDecodeError, *DAMAGED_COMPRESSION) as err:
+            raise _reading(path, encoding, err) from None
 
 
 def read_documents(files: Sequence[str], one_document_per_file: bool = False, encoding: str = "utf-8") -> Iterator[dict[str, str]]:
@@ -162,8 +183,8 @@ def read_documents(files: Sequence[str], one_document_per_file: bool = False, en
                         lines = []
                 if lines:
                     yield {"text": "\n".join(lines)}
-        except UnicodeDecodeError as err:
-            raise _undecodable(path, encoding, err) from None
+        except (UnicodeDecodeError, *DAMAGED_COMPRESSION) as err:
+            raise _reading(path, encoding, err) from None
 
 
 def _is_path_list(texts) -> bool:
@@ -377,13 +398,37 @@ def load_table(files: Sequence[str | os.PathLike], what: str = "the data", strea
     options = {"delimiter": "\t"} if all(".tsv" in (s.lower() for s in Path(p).suffixes) for p in paths) else {}
     try:
         return datasets.load_dataset(builder, data_files=paths, split="train", streaming=streaming, cache_dir=cache_dir, **options)
-    except datasets.exceptions.DatasetGenerationError as err:
+    except (datasets.exceptions.DatasetGenerationError, *DAMAGED_COMPRESSION) as err:
+        # A compressed file cut short fails inside the builder (wrapped, or not, by `datasets`).
+        damaged = _first_damaged(paths)
+        if damaged is not None:
+            raise damaged from None
+        if not isinstance(err, datasets.exceptions.DatasetGenerationError):
+            raise
         # e.g. a JSON column holding strings in some rows and numbers in others
         raise DataError(f"could not read {what} from {_describe(paths)}: {err.__cause__ or err}") from None
     except ValueError as err:
         if "corresponds to no data" in str(err):  # how `datasets` reports files without a single row
             raise DataError(f"{what} is empty: {_describe(paths)} holds no rows.") from None
         raise
+
+
+def _first_damaged(paths: Sequence[str]) -> DataError | None:
+    """The error for the first compressed file in `paths` that does not decompress to its end, if any.
+
+    Only called once a read has failed, so reading the files through costs nothing on a good run.
+    """
+    for path in paths:
+        opener = COMPRESSIONS.get(Path(path).suffix.lower())
+        if opener is None:
+            continue
+        try:
+            with opener(path, "rb") as handle:
+                while handle.read(1 << 20):
+                    pass
+        except DAMAGED_COMPRESSION as err:
+            return _damaged(path, err)
+    return None
 
 
 def _load_hub(name: str, config_name: str | None, split: str | None, streaming: bool, cache_dir=None):

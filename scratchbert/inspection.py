@@ -17,6 +17,7 @@ layer over these functions.
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 
 import torch
@@ -27,7 +28,7 @@ from transformers import PreTrainedModel
 from scratchbert.errors import MissingFileError, ScratchBertError
 from scratchbert.modeling_scratchbert import ScratchBertForMaskedLM, ScratchBertModel
 from scratchbert.tokenization import MASK_TOKEN, load_tokenizer
-from scratchbert.weights import check_weights, model_folder, quiet_loading
+from scratchbert.weights import check_vocabulary, check_weights, model_folder, quiet_loading
 
 DEFAULT_TOP_K = 5
 # Heatmap sizing: a panel grows with the number of tokens so their labels stay legible,
@@ -68,7 +69,13 @@ def load_masked_lm(model_dir: str | Path) -> tuple[ScratchBertForMaskedLM, objec
             f"{', ...' if len(untrained) > 3 else ''}): fill-mask needs a checkpoint pretrained with MLM, "
             f"e.g. one saved by `scratchbert pretrain`.{hint}"
         )
-    return model.eval(), load_tokenizer(model_dir, model.config.max_position_embeddings)
+    return model.eval(), _tokenizer_for(model, model_dir)
+
+
+def _tokenizer_for(model: PreTrainedModel, model_dir: Path):
+    tokenizer = load_tokenizer(model_dir, model.config.max_position_embeddings)
+    check_vocabulary(model.config.vocab_size, tokenizer, model_dir)
+    return tokenizer
 
 
 def load_encoder(model_dir: str | Path) -> tuple[ScratchBertModel, object]:
@@ -83,7 +90,7 @@ def load_encoder(model_dir: str | Path) -> tuple[ScratchBertModel, object]:
             f"{model_dir} is not a complete BERT checkpoint: its weights lack {', '.join(missing[:3])}"
             f"{', ...' if len(missing) > 3 else ''}."
         )
-    return model.eval(), load_tokenizer(model_dir, model.config.max_position_embeddings)
+    return model.eval(), _tokenizer_for(model, model_dir)
 
 
 # --------------------------------------------------------------------------------------
@@ -188,5 +195,10 @@ def save_figure(figure: Figure, out: str | Path) -> Path:
     out = Path(out)
     if not out.parent.is_dir():
         raise MissingFileError(f"cannot write {out}: the folder {out.parent} does not exist; create it first.")
+    formats = figure.canvas.get_supported_filetypes()
+    if out.suffix.lower().lstrip(".") not in formats:
+        raise ScratchBertError(f"cannot write {out}: {out.suffix or 'no suffix'} is not an image format; end the name with .png, .svg or .pdf.")
+    if not os.access(out.parent, os.W_OK):
+        raise ScratchBertError(f"cannot write {out}: the folder {out.parent} is not writable; name a file in a folder you can write to.")
     figure.savefig(out, dpi=FIGURE_DPI)
     return out

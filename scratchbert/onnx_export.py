@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from scratchbert.errors import ScratchBertError
+from scratchbert.export import check_export_folder
 from scratchbert.modeling_scratchbert import (
     ScratchBertForMaskedLM,
     ScratchBertForSequenceClassification,
@@ -111,6 +112,7 @@ def export_onnx(
     if task not in TASKS:
         raise ScratchBertError(f"task={task!r} is not one scratchbert exports; use one of {', '.join(TASKS)}.")
     model_dir, output = model_folder(model_dir), Path(output)  # a Hub name: its copy in the Hub's cache
+    check_export_folder(model_dir, output)
     model = load_for_task(model_dir, task)
     output.mkdir(parents=True, exist_ok=True)
     path = output / ONNX_FILE

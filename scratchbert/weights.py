@@ -114,16 +114,33 @@ def model_folder(model_dir: str | Path) -> Path:
         raise MissingFileError(f"no such model folder: {folder}; {SAVE_HINT}.")
     if not (folder / CONFIG_FILE).is_file():
         raise MissingFileError(f"no model in {folder}: it has no config.json; {SAVE_HINT}.")
+    _parse_config(folder / CONFIG_FILE)  # a damaged config.json: one line here, not transformers' OSError later
     return folder
+
+
+def _parse_config(path: Path) -> dict:
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ScratchBertError(f"{path} is not valid JSON ({err}): the model's config is damaged; save the model again.") from None
+    if not isinstance(config, dict):
+        raise ScratchBertError(f"{path} holds a JSON {type(config).__name__}, not a model config; save the model again.")
+    return config
 
 
 def read_model_config(model_dir: str | Path) -> dict:
     """The saved model's config.json, as a mapping."""
-    path = model_folder(model_dir) / CONFIG_FILE
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
-        raise ScratchBertError(f"{path} is damaged ({err}); save the model again.") from None
+    return _parse_config(model_folder(model_dir) / CONFIG_FILE)
+
+
+def check_vocabulary(vocab_size: int, tokenizer, where: str | Path) -> None:
+    """Refuse, in one line, a tokenizer with ids the model's embedding table does not have."""
+    if len(tokenizer) > vocab_size:
+        raise ScratchBertError(
+            f"the tokenizer of {where} has {len(tokenizer)} tokens but the model's vocabulary only {vocab_size}: they are not "
+            "a pair. Use the tokenizer the model was trained with, or resize the model first "
+            "(model.resize_token_embeddings(len(tokenizer)), then save it)."
+        )
 
 
 def weight_files(model_dir: str | Path) -> list[Path]:
