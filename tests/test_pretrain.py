@@ -951,3 +951,23 @@ def test_long_phase_options_are_checked(tiny_config, tmp_path):
         tiny_config(tmp_path, long_phase=1.5)
     with pytest.raises(ScratchBertError, match="not with --streaming"):
         tiny_config(tmp_path, max_seq_length=16, long_phase=0.1, streaming=True)
+
+
+def test_one_output_folder_check_for_every_command(tmp_path):
+    """`check_output_folder`: a file refused; a folder holding anything refused without --overwrite (or --resume for a run)."""
+    from scratchbert.training.output_folder import check_output_folder, run_contents
+
+    afile = tmp_path / "a.txt"
+    afile.write_text("x")
+    with pytest.raises(ValueError, match="is a file"):
+        check_output_folder(afile, overwrite=True)
+    assert check_output_folder(tmp_path / "new", overwrite=False) == tmp_path / "new"
+    with pytest.raises(ValueError, match=r"already holds files.*--overwrite") as refused:
+        check_output_folder(tmp_path, overwrite=False)
+    assert "--resume" not in str(refused.value)  # a command without --resume is not told to pass it
+    assert check_output_folder(tmp_path, overwrite=True) == tmp_path
+    assert check_output_folder(tmp_path, overwrite=False, held=run_contents) == tmp_path  # stray files are no run
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(ValueError, match=r"already holds a run.*--resume.*--overwrite"):
+        check_output_folder(tmp_path, overwrite=False, resume=False, held=run_contents)
+    assert check_output_folder(tmp_path, overwrite=False, resume=True, held=run_contents) == tmp_path

@@ -34,31 +34,56 @@ RUN_CONFIG_FILE = "pretrain_config.json"
 FINAL_FILES = ("config.json", "model.safetensors", "pytorch_model.bin", "generation_config.json", LOG_FILE, CURVES_FILE)
 
 
+def folder_contents(path: Path) -> str | None:
+    """What any command would replace in `path`: anything at all (None when it is empty or absent)."""
+    return "files (it is not empty)" if path.is_dir() and any(path.iterdir()) else None
+
+
+def run_contents(path: Path) -> str | None:
+    """What a pretraining run would replace in `path`: a run's checkpoints, configuration or finished model."""
+    existing = ckpt.list_checkpoints(path)
+    if existing:
+        return f"a run (checkpoints up to {existing[-1][1].name})"
+    if any((path / name).exists() for name in (RUN_CONFIG_FILE, "config.json", "model.safetensors")):
+        return "a run (a saved model or a run's configuration)"
+    return None
+
+
+def check_output_folder(path: str | Path, overwrite: bool, *, resume: bool | None = None, held=folder_contents) -> Path:
+    """The one check of an `--output-dir` before a command writes there (pretrain, prepare-data, finetune).
+
+    path:      the folder the command will write.
+    overwrite: --overwrite was passed: what the folder holds may be replaced (the caller deletes it,
+               and only once its new inputs are known to be good).
+    resume:    None for a command without --resume; True lets a folder that holds a run through
+               (the caller then checks that the checkpoint belongs to this run).
+    held:      path -> a description of what the command would replace there, or None when
+               nothing; `folder_contents` (any file) unless the command knows better (`run_contents`).
+
+    Reads the folder only and returns it as a Path. Raises a ScratchBertError when path is a file,
+    or when it holds something and neither --overwrite nor --resume says what to do with it.
+    """
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ScratchBertError(f"--output-dir {path} is a file, not a directory: choose another path.")
+    if overwrite or resume:
+        return path
+    contents = held(path)
+    if contents is None:
+        return path
+    choices = "pass --resume to continue it, --overwrite to start over" if resume is not None else "pass --overwrite to replace it"
+    raise ScratchBertError(f"--output-dir {path} already holds {contents}: {choices}, or choose another --output-dir.")
+
+
 def check_output_dir(config: PretrainConfig) -> dict | None:
     """Decide between a fresh start and a resumption; return the checkpoint's state to resume from.
 
-    Reads the folder only. Raises a ScratchBertError when output_dir holds a run (its
-    checkpoints, or a finished model) and neither --resume nor --overwrite says what to do,
-    or when the checkpoint belongs to a different run.
+    Reads the folder only (`check_output_folder`). Raises a ScratchBertError when the checkpoint
+    to resume belongs to a different run.
     """
-    output_dir = Path(config.output_dir)
-    if output_dir.exists() and not output_dir.is_dir():
-        raise ScratchBertError(f"--output-dir {output_dir} is a file, not a directory: choose another path.")
+    output_dir = check_output_folder(config.output_dir, config.overwrite, resume=config.resume, held=run_contents)
     existing = ckpt.list_checkpoints(output_dir)
-    if config.overwrite:
-        return None
-    if not config.resume:
-        if existing:
-            held = f"checkpoints up to {existing[-1][1].name}"
-        elif any((output_dir / name).exists() for name in (RUN_CONFIG_FILE, "config.json", "model.safetensors")):
-            held = "a saved model or a run's configuration"
-        else:
-            return None
-        raise ScratchBertError(
-            f"{output_dir} already holds a run ({held}). Pass --resume to continue it, --overwrite to start over "
-            "(its model and checkpoints are replaced once the new run's data is ready), or choose another --output-dir."
-        )
-    if not existing:
+    if config.overwrite or not existing:
         return None
     latest = existing[-1][1]
     state = ckpt.check_compatible(latest, config.to_dict())

@@ -115,14 +115,13 @@ def prepare_data(config: PretrainConfig) -> Path:
     from accelerate import Accelerator
 
     from scratchbert.training.corpus import build_data
+    from scratchbert.training.output_folder import check_output_folder
 
     if config.streaming:
         raise ScratchBertError("prepare-data keeps the examples it builds; --streaming keeps none. Leave out one of them.")
     if config.long_phase:
         raise ScratchBertError("prepare-data does not keep --long-phase examples (a run on prepared data has no long phase): leave it out.")
-    folder = Path(config.output_dir)
-    if folder.exists() and any(folder.iterdir()) and not config.overwrite:
-        raise ScratchBertError(f"{folder} is not empty: choose another --output-dir, or pass --overwrite to replace it.")
+    folder = check_output_folder(config.output_dir, config.overwrite)
     accelerator = Accelerator(cpu=True)
     tokenizer, train_dataset, eval_dataset, _ = build_data(config, accelerator)
     if accelerator.is_main_process:
