@@ -279,30 +279,33 @@ def pad(rows: torch.Tensor, packed: PackedSequences) -> torch.Tensor:
 
 
 def packed_attention(
+    module: torch.nn.Module,
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
     packed: PackedSequences,
-    num_heads: int,
     attend: Callable,
-    dropout_p: float,
+    dropout: float,
 ) -> torch.Tensor:
     """Multi-head attention within each sequence of a packed batch.
 
-    query, key, value: (R, H) projections of the packed rows. `attend(q, k, v, mask, dropout_p)`
-    is one of the model's attention functions (written-out or SDPA), called once per bucket with
-    q, k, v (n, A, L, D), views of the packed rows (no copy), and the bucket's key mask.
-    Returns the merged-heads context (R, H), equal to attending over each sequence on its own.
+    module: the self-attention layer (its `num_heads`, `scaling`; passed on to `attend`).
+    query, key, value: (R, H) projections of the packed rows. `attend` is an attention function
+    in the calling convention of transformers' registry, "eager" (the model's written-out
+    `eager_attention_forward`) or "sdpa" (the registry's, or the CPU fast path's), called once per
+    bucket with q, k, v (n, A, L, D), views of the packed rows (no copy), and the bucket's additive
+    key mask; it returns (n, L, A, D). Returns the merged-heads context (R, H), equal to attending
+    over each sequence on its own.
     """
     rows, hidden = query.shape
     if not packed.buckets:  # every row fully padded: nothing to attend
         return query.new_zeros(rows, hidden)
     outputs = []
     for bucket in packed.buckets:
-        shape = (bucket.num_seqs, bucket.length, num_heads, hidden // num_heads)
+        shape = (bucket.num_seqs, bucket.length, module.num_heads, hidden // module.num_heads)
         q, k, v = (x[bucket.rows].view(shape).transpose(1, 2) for x in (query, key, value))  # (n, A, L, D)
-        context, _ = attend(q, k, v, bucket.key_mask, dropout_p)  # (n, A, L, D)
-        outputs.append(context.transpose(1, 2).reshape(bucket.num_seqs * bucket.length, hidden))  # (n * L, H)
+        context, _ = attend(module, q, k, v, bucket.key_mask, scaling=module.scaling, dropout=dropout)  # (n, L, A, D)
+        outputs.append(context.reshape(bucket.num_seqs * bucket.length, hidden))  # (n * L, H)
     return outputs[0] if len(outputs) == 1 else torch.cat(outputs)  # (R, H)
 
 

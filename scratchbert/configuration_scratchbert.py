@@ -30,9 +30,8 @@ AUTO_MAP = {
 }
 # How `ScratchBertForSequenceClassification` (and `...ForMultipleChoice`) make one vector of a text: BERT's pooler on [CLS]
 # ("cls", what transformers' BertForSequenceClassification does) or the mean of the last layer
-# over the real tokens ("mean", as sentence-transformers and ModernBERT's `classifier_pooling`), or each
-# feature's largest value over them ("max", sentence-transformers' other choice).
-CLASSIFIER_POOLINGS = ("cls", "mean", "max")
+# over the real tokens ("mean", as sentence-transformers and ModernBERT's `classifier_pooling`).
+CLASSIFIER_POOLINGS = ("cls", "mean")
 
 
 class ScratchBertConfig(PretrainedConfig):
@@ -55,10 +54,9 @@ class ScratchBertConfig(PretrainedConfig):
         classifier_dropout: dropout before classification heads (defaults to
             `hidden_dropout_prob` when None).
         classifier_pooling: what the sequence-classification and multiple-choice heads classify: "cls", BERT's
-            pooler on the [CLS] vector, tanh(dense(h_[CLS])); "mean", the average of the last
-            layer over the real (attention-masked) tokens, with no pooler weights; or "max", each
-            feature's largest value over those tokens. "mean" and "max" cannot be exported as
-            transformers' BertForSequenceClassification (ONNX export works).
+            pooler on the [CLS] vector, tanh(dense(h_[CLS])); or "mean", the average of the last
+            layer over the real (attention-masked) tokens, with no pooler weights. "mean" cannot be
+            exported as transformers' BertForSequenceClassification (ONNX export works).
         tie_word_embeddings: share the MLM decoder's weight with the word embeddings.
         cpu_kernels: run the CPU fast path (`cpu_kernels.py`: each matrix multiply on the kernel
             measured fastest here, attention and Q/K/V choices measured per CPU); False keeps
@@ -118,7 +116,8 @@ class ScratchBertConfig(PretrainedConfig):
         kwargs.setdefault("auto_map", dict(AUTO_MAP))
         # The MLM decoder shares the word-embedding matrix, as in BERT.
         super().__init__(pad_token_id=pad_token_id, tie_word_embeddings=tie_word_embeddings, **kwargs)
-        self.validate_sizes()
+        # Not validated here: like BertConfig, a config may be built and then set field by field.
+        # `validate_sizes` runs when a model is built from it (`ScratchBertPreTrainedModel.__init__`).
 
     @classmethod
     def get_config_dict(cls, pretrained_model_name_or_path, **kwargs):
@@ -134,7 +133,7 @@ class ScratchBertConfig(PretrainedConfig):
         return self.hidden_size // self.num_attention_heads
 
     def validate_sizes(self) -> None:
-        """Raise a ValueError naming the bad value and the fix."""
+        """Raise a ValueError naming the bad value and the fix (called when a model is built from this config)."""
         for name in (
             "vocab_size",
             "hidden_size",
@@ -162,9 +161,8 @@ class ScratchBertConfig(PretrainedConfig):
             raise ScratchBertError(f"classifier_dropout={self.classifier_dropout!r}: it must be in [0, 1) or None.")
         if self.classifier_pooling not in CLASSIFIER_POOLINGS:
             raise ScratchBertError(
-                f"classifier_pooling={self.classifier_pooling!r}: use \"cls\" (BERT's pooler on the [CLS] vector), "
-                "\"mean\" (the average of the last layer over the real tokens) or \"max\" (each feature's largest "
-                "value over them)."
+                f"classifier_pooling={self.classifier_pooling!r}: use \"cls\" (BERT's pooler on the [CLS] vector) "
+                "or \"mean\" (the average of the last layer over the real tokens)."
             )
         if self.hidden_act not in ACT2FN:
             known = ", ".join(sorted(k for k in ACT2FN if k.startswith(("gelu", "relu", "silu", "tanh"))))

@@ -7,7 +7,8 @@ default) changes the classes of the model's modules, keeping every parameter and
 
 - `nn.Linear` -> `cpu_gemm.MeasuredLinear`: each matrix multiply on the kernel measured fastest
   for its shape on this CPU (`cpu_gemm.py`);
-- `ScratchBertSelfAttention` -> `CpuSelfAttention`: where the model asks for "sdpa" it runs
+- `ScratchBertSelfAttention` -> `CpuSelfAttention`: where the model asks for "sdpa" (transformers'
+  registry's `sdpa_attention_forward`) it runs
   `sdpa_or_bmm_attention` (SDPA, or for short sequences where two batched GEMMs, `bmm_attention`,
   measured faster on the first real calls; as SDPA itself chooses among its backends), and it stacks the Q/K/V
   projection into one GEMM where that measured faster (`cpu_gemm.stack_qkv`);
@@ -36,12 +37,11 @@ from torch import nn
 from .bert_padding import CALL_COST, autocast_dtype, default_call_cost, is_tracing
 from .cpu_gemm import attention_kernel, bf16_in_fp32, linear_post_op, record_attention, stack_qkv, use_measured_kernels
 from .modeling_scratchbert import (
-    ATTENTION_FUNCTIONS,
+    ALL_ATTENTION_FUNCTIONS,
     ScratchBertAddNorm,
     ScratchBertIntermediate,
     ScratchBertModel,
     ScratchBertSelfAttention,
-    sdpa_attention,
 )
 
 def bmm_attention(
@@ -71,25 +71,34 @@ def bmm_attention(
     return torch.bmm(probs.to(v.dtype), v).view(batch, heads, seq, head_dim)  # (B, A, S, D)
 
 
+def sdpa_attention(module: nn.Module, query, key, value, attention_mask, **kwargs) -> tuple[torch.Tensor, None]:
+    """The registry's "sdpa" (transformers' `sdpa_attention_forward`), looked up per call. (B, A, S, D) -> (B, S, A, D)."""
+    return ALL_ATTENTION_FUNCTIONS["sdpa"](module, query, key, value, attention_mask, **kwargs)
+
+
 def sdpa_or_bmm_attention(
+    module: nn.Module,
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
-    mask: torch.Tensor | None,
-    dropout_p: float,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs,
 ) -> tuple[torch.Tensor, None]:
-    """SDPA, or `bmm_attention` where it is a candidate and measured faster on real calls (`cpu_gemm.attention_kernel`).
+    """The registry's "sdpa", or `bmm_attention` where it is a candidate and measured faster on real calls
+    (`cpu_gemm.attention_kernel`). The registry's calling convention: q, k, v (B, A, S, D) -> (B, S, A, D).
 
     Never under a tracer: a recorded graph must serve every length, so it records SDPA.
     """
     if is_tracing():  # first: no guard on the length
-        return sdpa_attention(query, key, value, mask, dropout_p)
+        return sdpa_attention(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
     kernel = attention_kernel(query)
     start = time.perf_counter()
     if kernel == "bmm":
-        out = bmm_attention(query, key, value, mask, dropout_p), None
+        out = bmm_attention(query, key, value, attention_mask, dropout).transpose(1, 2).contiguous(), None  # (B, S, A, D)
     else:
-        out = sdpa_attention(query, key, value, mask, dropout_p)
+        out = sdpa_attention(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
     record_attention(query, kernel, time.perf_counter() - start)
     return out
 
@@ -99,10 +108,13 @@ class CpuSelfAttention(ScratchBertSelfAttention):
 
     The same parameters and state dict. Where the model asks for "sdpa" it runs
     `sdpa_or_bmm_attention`; "eager" (and a call that wants the probabilities) stays the
-    written-out math.
+    written-out math, and every other implementation is the registry's.
     """
 
-    attention_functions = {**ATTENTION_FUNCTIONS, "sdpa": sdpa_or_bmm_attention}
+    def attention_function(self, output_attentions: bool):
+        if not output_attentions and self.config._attn_implementation == "sdpa":
+            return sdpa_or_bmm_attention
+        return super().attention_function(output_attentions)
 
     def project(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Queries, keys and values, from one stacked GEMM where that measured faster (`cpu_gemm.stack_qkv`).

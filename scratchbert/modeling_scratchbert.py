@@ -14,8 +14,9 @@ Every sub-module keeps the attribute names of transformers' BERT (`embeddings.wo
 `encoder.layer.N.attention.self.query`, `LayerNorm`, `cls.predictions`, ...), so the state dict
 of any transformers BERT checkpoint loads here key for key, with no conversion step.
 
-Everything here is plain PyTorch: `self.dense(x)` is an `nn.Linear`, "sdpa" is
-`F.scaled_dot_product_attention`. The CPU fast paths live outside this file: with
+Everything here is plain PyTorch: `self.dense(x)` is an `nn.Linear`. Attention is picked by name
+from transformers' registry (`ALL_ATTENTION_FUNCTIONS`: "sdpa", "flash_attention_2/3", "flex_attention",
+Hub kernels), as transformers' own BERT does; "eager" is the math written out below. The CPU fast paths live outside this file: with
 `config.cpu_kernels` (the default), `post_init` swaps in `cpu_kernels.py`'s modules, which run
 each matrix multiply on the kernel measured fastest on this CPU and pick SDPA or two batched
 GEMMs per attention call; the same parameters, the same state dict, the same outputs to
@@ -25,6 +26,7 @@ model exactly as written here: for reading, stepping through, and exact parity.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypedDict
 
@@ -34,6 +36,8 @@ from torch import nn
 from transformers import PreTrainedModel
 from transformers import initialization as init
 from transformers.activations import ACT2FN
+from transformers.masking_utils import create_bidirectional_mask
+from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
     BaseModelOutputWithPooling,
     MaskedLMOutput,
@@ -43,7 +47,9 @@ from transformers.modeling_outputs import (
     SequenceClassifierOutput,
     TokenClassifierOutput,
 )
-from transformers.utils import ModelOutput, can_return_tuple
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.utils import ModelOutput, TransformersKwargs, can_return_tuple
+from transformers.utils.output_capturing import capture_outputs
 from typing_extensions import Unpack
 
 from .bert_padding import (
@@ -119,7 +125,7 @@ def additive_attention_mask(attention_mask: torch.Tensor, dtype: torch.dtype) ->
 
 
 # ---------------------------------------------------------------------------------------------
-# 3. Scaled dot-product attention, written out, beside PyTorch's fused kernel.
+# 3. Scaled dot-product attention, written out, beside the registry's fused kernels.
 # ---------------------------------------------------------------------------------------------
 def eager_attention(
     query: torch.Tensor,
@@ -127,14 +133,16 @@ def eager_attention(
     value: torch.Tensor,
     mask: torch.Tensor | None,
     dropout_p: float,
+    scaling: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """softmax(Q K^T / sqrt(D) + mask) V, step by step.
 
     Shapes: query, key, value (B, A, S, D); mask (B, 1, 1, S) additive or None.
     Returns the context (B, A, S, D) and the attention probabilities (B, A, S, S).
     """
+    scaling = query.size(-1) ** -0.5 if scaling is None else scaling
     scores = query @ key.transpose(-1, -2)  # (B, A, S, S): how well each query matches each key
-    scores = scores * query.size(-1) ** -0.5  # divide by sqrt(D): keeps the logits' variance ~1 whatever D is
+    scores = scores * scaling  # divide by sqrt(D): keeps the logits' variance ~1 whatever D is
     if mask is not None:
         scores = scores + mask  # padded keys -> most negative number
     probs = scores.softmax(dim=-1)  # each query's weights over keys sum to 1
@@ -142,23 +150,30 @@ def eager_attention(
     return context, probs
 
 
-def sdpa_attention(
+def eager_attention_forward(
+    module: nn.Module,
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
-    mask: torch.Tensor | None,
-    dropout_p: float,
-) -> tuple[torch.Tensor, None]:
-    """The same computation through `F.scaled_dot_product_attention` (fused, no S x S tensor kept).
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`eager_attention` in the calling convention of transformers' attention registry.
 
-    It cannot return the probabilities; `ScratchBertSelfAttention` switches to
-    `eager_attention` for a call that asks for them. Shapes as in `eager_attention`.
+    Every entry of `ALL_ATTENTION_FUNCTIONS` ("sdpa": `F.scaled_dot_product_attention`, fused, no
+    S x S tensor kept; flash attention; flex attention; Hub kernels) takes these arguments and
+    returns the context as (B, S, A, D), heads last, with the probabilities or None.
     """
-    context = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout_p)
-    return context, None
+    context, probs = eager_attention(query, key, value, attention_mask, dropout, scaling)  # (B, A, S, D)
+    return context.transpose(1, 2), probs  # (B, S, A, D)
 
 
-ATTENTION_FUNCTIONS = {"eager": eager_attention, "sdpa": sdpa_attention}  # config's attn_implementation -> function
+# The implementations whose mask is the additive (B, 1, 1, S) bias built here, and which the
+# padding-free path runs (`bert_padding.packed_attention`). Flash, flex and kernel attention get
+# the mask transformers builds for them (`create_bidirectional_mask`), on the padded layout.
+ADDITIVE_MASK_IMPLEMENTATIONS = ("eager", "sdpa")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -173,13 +188,13 @@ class ScratchBertSelfAttention(nn.Module):
     tokens grouped by length, and `mask` is a `PackedSequences` saying where each sequence lies.
     """
 
-    attention_functions = ATTENTION_FUNCTIONS  # implementation name -> function
-
     def __init__(self, config: ScratchBertConfig):
         super().__init__()
         self.config = config
         self.num_heads = config.num_attention_heads
         self.head_dim = config.head_dim
+        self.scaling = self.head_dim**-0.5
+        self.is_causal = False  # every token sees every other: read by the registry's functions
         self.query = nn.Linear(config.hidden_size, config.hidden_size)
         self.key = nn.Linear(config.hidden_size, config.hidden_size)
         self.value = nn.Linear(config.hidden_size, config.hidden_size)
@@ -195,23 +210,29 @@ class ScratchBertSelfAttention(nn.Module):
         x = x.view(batch, seq, self.num_heads, self.head_dim)  # (B, S, A, D)
         return x.transpose(1, 2)  # (B, A, S, D)
 
+    def attention_function(self, output_attentions: bool) -> Callable:
+        """The registry's function for `config._attn_implementation`, as transformers' BERT picks it.
+
+        "eager" is `eager_attention_forward` above. The fused kernels cannot return probabilities,
+        so a call that asks for them runs the written-out math whatever the implementation.
+        """
+        if output_attentions:
+            return eager_attention_forward
+        return ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
+
     def forward(
-        self, hidden_states: torch.Tensor, mask: AttentionMask, output_attentions: bool = False
+        self, hidden_states: torch.Tensor, mask: AttentionMask, **kwargs: Unpack[TransformersKwargs]
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        # The fused kernel cannot return probabilities: use the written-out math when asked.
-        implementation = "eager" if output_attentions else self.config._attn_implementation
-        attend = self.attention_functions[implementation]
-        dropout_p = self.dropout_p if self.training else 0.0
+        attend = self.attention_function(bool(kwargs.get("output_attentions")))
+        dropout = self.dropout_p if self.training else 0.0
         query, key, value = self.project(hidden_states)  # 3 x (B, S, H), or 3 x (R, H) packed
         if isinstance(mask, PackedSequences):  # padding-free path: (R, H) in, (R, H) out
-            return packed_attention(query, key, value, mask, self.num_heads, attend, dropout_p), None
+            return packed_attention(self, query, key, value, mask, attend, dropout), None
 
         query, key, value = self.split_heads(query), self.split_heads(key), self.split_heads(value)  # (B, A, S, D)
-        context, probs = attend(query, key, value, mask, dropout_p)  # (B, A, S, D)
-
-        batch, _, seq, _ = context.shape
-        context = context.transpose(1, 2).reshape(batch, seq, self.num_heads * self.head_dim)  # (B, S, H)
-        return context, probs
+        context, probs = attend(self, query, key, value, mask, scaling=self.scaling, dropout=dropout, **kwargs)  # (B, S, A, D)
+        batch, seq = context.shape[:2]
+        return context.reshape(batch, seq, self.num_heads * self.head_dim), probs  # (B, S, H)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -244,9 +265,9 @@ class ScratchBertAttention(nn.Module):
         self.output = ScratchBertAddNorm(config, config.hidden_size)
 
     def forward(
-        self, hidden_states: torch.Tensor, mask: AttentionMask, output_attentions: bool = False
+        self, hidden_states: torch.Tensor, mask: AttentionMask, **kwargs: Unpack[TransformersKwargs]
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        context, probs = self.self(hidden_states, mask, output_attentions)
+        context, probs = self.self(hidden_states, mask, **kwargs)
         return self.output(context, hidden_states), probs
 
 
@@ -268,8 +289,13 @@ class ScratchBertIntermediate(nn.Module):
 # ---------------------------------------------------------------------------------------------
 # 7. One encoder layer, and the stack of L of them.
 # ---------------------------------------------------------------------------------------------
-class ScratchBertLayer(nn.Module):
-    """attention -> add & norm -> feed-forward (H -> I -> H) -> add & norm. (B, S, H) -> (B, S, H)."""
+class ScratchBertLayer(GradientCheckpointingLayer):
+    """attention -> add & norm -> feed-forward (H -> I -> H) -> add & norm. (B, S, H) -> (B, S, H).
+
+    `GradientCheckpointingLayer` is transformers' hook for activation checkpointing: after
+    `model.activation_checkpointing_enable()` a layer in training stores only its input and
+    recomputes the rest in the backward pass. The hidden states stay positional for that reason.
+    """
 
     def __init__(self, config: ScratchBertConfig):
         super().__init__()
@@ -278,57 +304,23 @@ class ScratchBertLayer(nn.Module):
         self.output = ScratchBertAddNorm(config, config.intermediate_size)  # second half of the feed-forward
 
     def forward(
-        self, hidden_states: torch.Tensor, mask: AttentionMask, output_attentions: bool = False
+        self, hidden_states: torch.Tensor, mask: AttentionMask, **kwargs: Unpack[TransformersKwargs]
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        attended, probs = self.attention(hidden_states, mask, output_attentions)
+        attended, probs = self.attention(hidden_states, mask, **kwargs)
         return self.output(self.intermediate(attended), attended), probs
 
 
-@dataclass
-class EncoderOutput(ModelOutput):
-    """What the encoder stack returns.
-
-    last_hidden_state (B, S, H) — or (R, H) on the padding-free path; hidden_states: L + 1 such
-    tensors (the embeddings first), when asked for; attentions: L tensors (B, A, S, S), when asked for.
-    """
-
-    last_hidden_state: torch.Tensor | None = None
-    hidden_states: tuple[torch.Tensor, ...] | None = None  # L + 1 tensors (B, S, H), embeddings first
-    attentions: tuple[torch.Tensor, ...] | None = None  # L tensors (B, A, S, S)
-
-
 class ScratchBertEncoder(nn.Module):
-    """L identical layers applied in turn, optionally with gradient checkpointing. (B, S, H) -> (B, S, H)."""
+    """L identical layers applied in turn. (B, S, H) -> (B, S, H), or packed (R, H) -> (R, H)."""
 
     def __init__(self, config: ScratchBertConfig):
         super().__init__()
         self.layer = nn.ModuleList(ScratchBertLayer(config) for _ in range(config.num_hidden_layers))
-        self.gradient_checkpointing = False  # switched on by `model.gradient_checkpointing_enable()`
 
-    def forward(
-        self,
-        hidden_states: torch.Tensor,
-        mask: AttentionMask,
-        output_attentions: bool = False,
-        output_hidden_states: bool = False,
-    ) -> EncoderOutput:
-        all_hidden = [hidden_states] if output_hidden_states else None
-        all_attentions = [] if output_attentions else None
+    def forward(self, hidden_states: torch.Tensor, mask: AttentionMask, **kwargs: Unpack[TransformersKwargs]) -> torch.Tensor:
         for layer in self.layer:
-            if self.gradient_checkpointing and self.training:
-                # Recompute this layer's activations in the backward pass instead of storing them.
-                hidden_states, probs = self._gradient_checkpointing_func(layer.__call__, hidden_states, mask, output_attentions)
-            else:
-                hidden_states, probs = layer(hidden_states, mask, output_attentions)
-            if output_hidden_states:
-                all_hidden.append(hidden_states)
-            if output_attentions:
-                all_attentions.append(probs)
-        return EncoderOutput(
-            last_hidden_state=hidden_states,
-            hidden_states=tuple(all_hidden) if output_hidden_states else None,
-            attentions=tuple(all_attentions) if output_attentions else None,
-        )
+            hidden_states, _ = layer(hidden_states, mask, **kwargs)  # probs reach the output through `capture_outputs`' hooks
+        return hidden_states
 
 
 # ---------------------------------------------------------------------------------------------
@@ -358,22 +350,6 @@ def mean_pooling(hidden_states: torch.Tensor, attention_mask: torch.Tensor | Non
         return hidden_states.mean(dim=1)  # every token real
     weights = attention_mask.to(hidden_states.dtype).unsqueeze(-1)  # (B, S, 1)
     return (hidden_states * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)  # (B, H); a fully padded row gives 0
-
-
-def max_pooling(hidden_states: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
-    """Each feature's largest value over the real tokens of its sequence: (B, S, H), mask (B, S) -> (B, H).
-
-    `config.classifier_pooling = "max"`: like the mean it needs no trained weights, but each
-    feature reports the one token that raises it most (a strong word anywhere in a long text),
-    and only that token's gradient reaches the encoder. Padded positions are filled with the
-    dtype's lowest value before the max, so they are never picked.
-    """
-    if attention_mask is None:
-        return hidden_states.max(dim=1).values  # every token real
-    real = attention_mask.bool()  # (B, S)
-    lowest = torch.finfo(hidden_states.dtype).min
-    pooled = hidden_states.masked_fill(~real.unsqueeze(-1), lowest).max(dim=1).values  # (B, H)
-    return pooled.masked_fill(~real.any(dim=1, keepdim=True), 0.0)  # a fully padded row gives 0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -486,11 +462,25 @@ class ScratchBertPreTrainedModel(PreTrainedModel):
 
     config_class = ScratchBertConfig
     base_model_prefix = "bert"
-    supports_gradient_checkpointing = True
+    main_input_name = "input_ids"
+    supports_gradient_checkpointing = True  # through `ScratchBertLayer`, a `GradientCheckpointingLayer`
+    # Attention goes through transformers' registry with its calling convention and mask builder,
+    # and every forward passes its keyword arguments down to the attention call, as BertModel does.
     _supports_sdpa = True
-    _no_split_modules = ["ScratchBertLayer"]
+    _supports_flash_attn = True
+    _supports_flex_attn = True
+    _supports_attention_backend = True
+    # What `capture_outputs` records with forward hooks: each layer's output (after the embeddings,
+    # the first layer's input) as hidden_states, each self-attention's probabilities as attentions.
+    _can_record_outputs = {"hidden_states": ScratchBertLayer, "attentions": ScratchBertSelfAttention}
+    _no_split_modules = ["ScratchBertEmbeddings", "ScratchBertLayer"]  # device_map="auto" keeps each whole
     # Older transformers versions saved the position-id buffer; scratchbert computes positions.
     _keys_to_ignore_on_load_unexpected = [r"embeddings\.position_ids"]
+
+    def __init__(self, config: ScratchBertConfig, *inputs, **kwargs):
+        # A config may be built field by field (as BertConfig may); its sizes must add up once a model is built.
+        config.validate_sizes()
+        super().__init__(config, *inputs, **kwargs)
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
@@ -560,8 +550,9 @@ class ScratchBertModel(ScratchBertPreTrainedModel):
     the outputs at real positions are the padded computation's, and padded positions hold
     zeros. On other devices the padded path runs (planning the packed layout reads the mask's
     values, which would make the host wait for the device on every call). A call with
-    output_attentions=True, or with `padding_free = False`, takes the padded path too, which
-    also computes a (meaningless) vector at every padded position.
+    output_attentions or output_hidden_states, with `padding_free = False`, or with an attention
+    implementation other than "eager" and "sdpa" takes the padded path, which also computes a
+    (meaningless) vector at every padded position, as BertModel does.
 
     Compiled, exported or traced (torch.compile, torch.export, torch.jit.trace, ONNX export;
     `bert_padding.is_tracing`), every call takes the padded path, whatever `padding_free` says:
@@ -588,7 +579,7 @@ class ScratchBertModel(ScratchBertPreTrainedModel):
         """Replace the word-embedding table with `value`, an `nn.Embedding(V', H)`."""
         self.embeddings.word_embeddings = value
 
-    @can_return_tuple
+    @capture_outputs
     def forward(
         self,
         input_ids: torch.Tensor | None = None,
@@ -596,8 +587,7 @@ class ScratchBertModel(ScratchBertPreTrainedModel):
         token_type_ids: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> BaseModelOutputWithPooling | tuple:
         """Encode a batch.
 
@@ -606,82 +596,86 @@ class ScratchBertModel(ScratchBertPreTrainedModel):
             attention_mask: (B, S), 1 for real tokens and 0 for padding (default: all real).
             token_type_ids: (B, S), 0 for segment A, 1 for segment B (default: all 0).
             position_ids: (B, S) or (1, S) (default: 0 .. S-1).
-            output_attentions / output_hidden_states: also return every layer's
-                attention probabilities (B, A, S, S) / hidden states (B, S, H).
-            return_dict (keyword, taken by `@can_return_tuple`): False returns a plain tuple.
+            output_attentions / output_hidden_states (keywords, taken by `@capture_outputs`,
+                transformers' decorator, as in BertModel): also return every layer's attention
+                probabilities (B, A, S, S) / hidden states (B, S, H); `output_hidden_states` may
+                also select layers by index (`[0, 2]` returns `(h0, None, h2)`).
+            return_dict (keyword, taken by `@capture_outputs`): False returns a plain tuple.
         Returns:
             `BaseModelOutputWithPooling`: last_hidden_state (B, S, H), pooler_output (B, H).
         """
         batch, seq = check_inputs(self.config, input_ids, inputs_embeds, attention_mask, token_type_ids, position_ids)
         device = input_ids.device if input_ids is not None else inputs_embeds.device
-        output_attentions = self.config.output_attentions if output_attentions is None else output_attentions
-        output_hidden_states = self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
-
         # Defaults: one segment (all 0s), positions 0..S-1, every token real.
         if token_type_ids is None:
             token_type_ids = torch.zeros(batch, seq, dtype=torch.long, device=device)
         if position_ids is None:
             position_ids = torch.arange(seq, device=device)[None, :]  # (1, S): broadcasts over the batch
 
-        mask = self.build_mask(attention_mask, self.score_dtype(device, inputs_embeds), output_attentions)
-        if isinstance(mask, PackedSequences):
-            encoded = self.encode_packed(mask, input_ids, token_type_ids, position_ids, inputs_embeds, output_hidden_states)
+        packed = self.plan_packing(attention_mask, self.score_dtype(device, inputs_embeds), recording(self.config, kwargs))
+        if packed is not None:
+            sequence_output = self.encode_packed(packed, input_ids, token_type_ids, position_ids, inputs_embeds)
         else:
             hidden_states = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)  # (B, S, H)
-            encoded = self.encoder(hidden_states, mask, output_attentions, output_hidden_states)
-        sequence_output = encoded.last_hidden_state
+            mask = self.padded_mask(attention_mask, hidden_states)
+            kwargs.setdefault("output_attentions", self.config.output_attentions)  # the layers pick eager to return them
+            sequence_output = self.encoder(hidden_states, mask, position_ids=position_ids, **kwargs)  # (B, S, H)
         pooled_output = self.pooler(sequence_output) if self.pooler is not None else None
-
-        return BaseModelOutputWithPooling(
-            last_hidden_state=sequence_output,
-            pooler_output=pooled_output,
-            hidden_states=encoded.hidden_states,
-            attentions=encoded.attentions,
-        )
-
+        return BaseModelOutputWithPooling(last_hidden_state=sequence_output, pooler_output=pooled_output)
 
     def score_dtype(self, device: torch.device, inputs_embeds: torch.Tensor | None) -> torch.dtype:
         """The dtype the attention scores will have: autocast's, else the embeddings' (bf16/fp16 masks for bf16/fp16 models)."""
         return autocast_dtype(device) or (inputs_embeds if inputs_embeds is not None else self.embeddings.word_embeddings.weight).dtype
 
-    def build_mask(self, attention_mask: torch.Tensor | None, dtype: torch.dtype, output_attentions: bool) -> AttentionMask:
-        """The mask the layers attend with: None (every token real), the packed layout, or the additive (B, 1, 1, S) mask.
+    def plan_packing(self, attention_mask: torch.Tensor | None, dtype: torch.dtype, recording: bool) -> PackedSequences | None:
+        """The padding-free layout of this batch (`bert_padding.pack_sequences`), or None for the padded path.
 
-        The all-real shortcut and the padding-free layout read the mask's values, which is free
-        only on a CPU run eagerly (`values_checkable`): on a GPU each read makes the host wait for
-        the device, and a tracer would freeze this batch's answers into its graph. There the
-        additive mask is built whatever the mask holds.
+        Packed: a CPU batch run eagerly (`values_checkable`: reading the mask's values is free
+        only there; on a GPU each read makes the host wait, a tracer would freeze this batch's
+        answers into its graph), with padding, attention "eager" or "sdpa", `padding_free` on,
+        and no hidden states or attentions recorded: those are the padded layout's, as BertModel's.
+        """
+        if attention_mask is None or recording or not self.padding_free:
+            return None
+        if self.config._attn_implementation not in ADDITIVE_MASK_IMPLEMENTATIONS or not values_checkable(attention_mask):
+            return None
+        if bool(attention_mask.all()):
+            return None
+        call_cost = self.attention_call_cost(dtype, attention_mask.device)
+        return pack_sequences(attention_mask, self.config, lambda keep: additive_attention_mask(keep, dtype), call_cost)
+
+    def padded_mask(self, attention_mask: torch.Tensor | None, embeddings: torch.Tensor) -> torch.Tensor | None:
+        """The mask of the padded path: None when nothing is padded, else what the implementation takes.
+
+        "eager" and "sdpa" get the additive (B, 1, 1, S) bias built once here (`additive_attention_mask`);
+        flash, flex and kernel attention the form transformers builds for each (`create_bidirectional_mask`).
         """
         if attention_mask is None:
             return None
-        if not values_checkable(attention_mask):
-            return additive_attention_mask(attention_mask, dtype)  # (B, 1, 1, S)
-        if bool(attention_mask.all()):
-            return None
-        if self.padding_free and not output_attentions:
-            # Padding-free: each sequence's real tokens, packed into (R, H), attend among themselves.
-            call_cost = self.attention_call_cost(dtype, attention_mask.device)
-            return pack_sequences(attention_mask, self.config, lambda keep: additive_attention_mask(keep, dtype), call_cost)
-        return additive_attention_mask(attention_mask, dtype)  # (B, 1, 1, S)
+        if self.config._attn_implementation not in ADDITIVE_MASK_IMPLEMENTATIONS:
+            return create_bidirectional_mask(self.config, embeddings, attention_mask)
+        if values_checkable(attention_mask) and bool(attention_mask.all()):
+            return None  # every token real
+        return additive_attention_mask(attention_mask, self.score_dtype(embeddings.device, embeddings))  # (B, 1, 1, S)
 
     def encode_packed(
         self,
-        mask: PackedSequences,
+        packed: PackedSequences,
         input_ids: torch.Tensor | None,
         token_type_ids: torch.Tensor,
         position_ids: torch.Tensor,
         inputs_embeds: torch.Tensor | None,
-        output_hidden_states: bool,
-    ) -> EncoderOutput:
+    ) -> torch.Tensor:
         """Embed and encode only the real tokens, then scatter them back: (B, S, H) with zeros at padding."""
-        position_ids = position_ids.expand(mask.batch, mask.seq)
-        packed_inputs = (None if t is None else unpad(t, mask) for t in (input_ids, token_type_ids, position_ids, inputs_embeds))
+        position_ids = position_ids.expand(packed.batch, packed.seq)
+        packed_inputs = (None if t is None else unpad(t, packed) for t in (input_ids, token_type_ids, position_ids, inputs_embeds))
         hidden_states = self.embeddings(*packed_inputs)  # (R, H)
-        encoded = self.encoder(hidden_states, mask, False, output_hidden_states)  # (R, H)
-        encoded.last_hidden_state = pad(encoded.last_hidden_state, mask)  # (B, S, H)
-        if output_hidden_states:
-            encoded.hidden_states = tuple(pad(h, mask) for h in encoded.hidden_states)
-        return encoded
+        return pad(self.encoder(hidden_states, packed), packed)  # (R, H) -> (B, S, H)
+
+
+def recording(config: ScratchBertConfig, kwargs: dict) -> bool:
+    """Whether this call records hidden states or attentions (`capture_outputs` reads the same keys, the config as default)."""
+    return any(bool(kwargs.get(key, getattr(config, key, False))) for key in ("output_hidden_states", "output_attentions"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -876,13 +870,12 @@ def classifier_dropout(config: ScratchBertConfig) -> nn.Dropout:
 def text_vector(encoded: BaseModelOutputWithPooling, attention_mask: torch.Tensor | None, pooling: str) -> torch.Tensor:
     """The one vector per text a classifier reads (`config.classifier_pooling`). -> (B, H)
 
-    `"cls"`: BERT's pooled [CLS] vector. `"mean"` and `"max"` (the encoder was built with no
-    pooler): `mean_pooling` or `max_pooling` of the last layer over the real tokens.
+    `"cls"`: BERT's pooled [CLS] vector. `"mean"` (the encoder was built with no pooler):
+    `mean_pooling` of the last layer over the real tokens.
     """
     if pooling == "cls":
         return encoded.pooler_output
-    pool = mean_pooling if pooling == "mean" else max_pooling
-    return pool(encoded.last_hidden_state, attention_mask)
+    return mean_pooling(encoded.last_hidden_state, attention_mask)
 
 
 class ScratchBertForSequenceClassification(ScratchBertPreTrainedModel):

@@ -127,19 +127,21 @@ def test_attention_takes_the_kernel_faster_on_real_calls(monkeypatch, slower, de
     clock = fake_clock(monkeypatch, cpu_kernels)  # the load of the machine cannot reorder them
 
     def timed(kind):
-        def attend(*args):
+        def attend(*args, **kwargs):
             calls.append(kind)
             clock.advance(0.02 if kind == slower else 0.001)
-            return real[kind](*args)
+            return real[kind](*args, **kwargs)
         return attend
 
     monkeypatch.setattr(cpu_kernels, "bmm_attention", timed("bmm"))
     monkeypatch.setattr(cpu_kernels, "sdpa_attention", timed("sdpa"))
+    layer = torch.nn.Module()  # the registry's functions read `is_causal` off the layer
+    layer.is_causal = False
     query, key, value = (torch.randn(2, 4, 10, 8) for _ in range(3))
-    reference, _ = real["sdpa"](query, key, value, None, 0.0)
+    reference, _ = real["sdpa"](layer, query, key, value, None)  # (B, S, A, D)
     for _ in range(8):
         with torch.no_grad():  # in inference: training keeps the candidate without a trial
-            context, probs = cpu_kernels.sdpa_or_bmm_attention(query, key, value, None, 0.0)
+            context, probs = cpu_kernels.sdpa_or_bmm_attention(layer, query, key, value, None)
         torch.testing.assert_close(context, reference, atol=1e-6, rtol=0)
         assert probs is None
     assert calls == ["bmm", "sdpa"] * 3 + [decided] * 2

@@ -23,7 +23,8 @@ from scratchbert import (
 )
 from scratchbert.errors import CorruptCheckpointError, ScratchBertError
 from scratchbert.export import export_to_transformers_bert
-from scratchbert.modeling_scratchbert import additive_attention_mask, eager_attention, max_pooling, mean_pooling, sdpa_attention
+from scratchbert.modeling_scratchbert import additive_attention_mask, eager_attention, eager_attention_forward, mean_pooling
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from scratchbert import cpu_kernels
 from scratchbert.cpu_kernels import CpuSelfAttention
 
@@ -166,8 +167,8 @@ def test_sequence_classification_problem_types(num_labels, labels, problem_type,
     torch.testing.assert_close(out.loss, expected)
 
 
-@pytest.mark.parametrize("pooling", ["mean", "max"])
-def test_mean_and_max_pooling_classifiers_read_only_the_real_tokens(batch, pooling):
+@pytest.mark.parametrize("pooling", ["mean"])
+def test_mean_pooling_classifier_reads_only_the_real_tokens(batch, pooling):
     torch.manual_seed(0)
     model = ScratchBertForSequenceClassification(tiny_config(classifier_pooling=pooling, num_labels=3)).eval()
     assert model.bert.pooler is None and not any("pooler" in key for key in model.state_dict())
@@ -175,7 +176,7 @@ def test_mean_and_max_pooling_classifiers_read_only_the_real_tokens(batch, pooli
         logits = model(**batch).logits  # (3, 3)
         states = model.bert(**batch).last_hidden_state  # (3, S, H)
         lengths = batch["attention_mask"].sum(1).tolist()  # 9, 6, 3
-        reduce = {"mean": lambda real: real.mean(0), "max": lambda real: real.max(0).values}[pooling]
+        reduce = {"mean": lambda real: real.mean(0)}[pooling]
         by_hand = torch.stack([reduce(states[i, :n]) for i, n in enumerate(lengths)])  # (3, H)
         torch.testing.assert_close(logits, model.classifier(by_hand), atol=1e-6, rtol=0)
         # the padded positions play no part: the 3-token row alone gives the same logits
@@ -185,15 +186,15 @@ def test_mean_and_max_pooling_classifiers_read_only_the_real_tokens(batch, pooli
         model.bert.padding_free = False
         torch.testing.assert_close(model(**batch).logits, logits, atol=1e-5, rtol=0)
     empty = torch.zeros(1, 4, 2)
-    pool = {"mean": mean_pooling, "max": max_pooling}[pooling]
+    pool = {"mean": mean_pooling}[pooling]
     assert torch.equal(pool(empty, torch.zeros(1, 4, dtype=torch.long)), torch.zeros(1, 2))  # a fully padded row: 0, not NaN
 
 
-def test_max_pooling_never_picks_a_padded_position():
-    states = -torch.ones(2, 3, 2)  # every real value is -1 ...
-    states[:, 2] = 5.0  # ... and the last position, padded in row 0, holds the largest
-    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
-    assert torch.equal(max_pooling(states, mask), torch.tensor([[-1.0, -1.0], [5.0, 5.0]]))
+def test_max_pooling_is_no_longer_an_option():
+    """Issue 75 removed "max": a config asking for it is refused when a model is built from it."""
+    config = tiny_config(classifier_pooling="max")  # accepted field by field, as BertConfig is
+    with pytest.raises(ScratchBertError, match=r"classifier_pooling='max': use \"cls\" .* or \"mean\""):
+        ScratchBertForSequenceClassification(config)
 
 
 def test_multiple_choice_reads_the_mean_of_each_pairs_real_tokens_when_told(batch, tmp_path):
@@ -226,8 +227,8 @@ def test_classifier_pooling_round_trips_through_save_and_the_auto_class(tmp_path
     assert ScratchBertConfig().classifier_pooling == "cls"  # BERT's, by default
 
 
-def test_export_bert_refuses_a_mean_or_max_pooling_classifier_and_drops_the_key_otherwise(tmp_path):
-    for pooling in ("mean", "max"):
+def test_export_bert_refuses_a_mean_pooling_classifier_and_drops_the_key_otherwise(tmp_path):
+    for pooling in ("mean",):
         ScratchBertForSequenceClassification(tiny_config(classifier_pooling=pooling)).save_pretrained(tmp_path / pooling)
         with pytest.raises(ScratchBertError, match=rf"classifier_pooling='{pooling}'.*BertForSequenceClassification cannot express.*export-onnx") as info:
             export_to_transformers_bert(tmp_path / pooling, tmp_path / f"bert-{pooling}")
@@ -247,9 +248,14 @@ def test_eager_and_sdpa_attention_functions_agree_with_padding():
     keep = torch.tensor([[1] * 7, [1] * 4 + [0] * 3])
     mask = additive_attention_mask(keep, torch.float32)
     eager, probs = eager_attention(q, k, v, mask, 0.0)
-    fused, none = sdpa_attention(q, k, v, mask, 0.0)
+    module = torch.nn.Module()  # the registry's functions read `is_causal` (and `training`) off the layer
+    module.is_causal = False
+    fused, none = sdpa_attention_forward(module, q, k, v, mask, scaling=8**-0.5, dropout=0.0)  # (B, S, A, D)
     assert none is None
-    torch.testing.assert_close(eager, fused, atol=1e-6, rtol=0)
+    torch.testing.assert_close(eager, fused.transpose(1, 2), atol=1e-6, rtol=0)
+    registry_form, same_probs = eager_attention_forward(module, q, k, v, mask, scaling=8**-0.5)
+    torch.testing.assert_close(registry_form, fused, atol=1e-6, rtol=0)
+    assert torch.equal(same_probs, probs)
     # Padded keys get zero weight; every query's weights sum to one.
     assert probs[1, :, :, 4:].abs().max() == 0
     torch.testing.assert_close(probs.sum(-1), torch.ones(2, 4, 7))
@@ -330,7 +336,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(batch):
 
     plain = grads()
     enable_activation_checkpointing(model, {"use_reentrant": False})
-    assert model.bert.encoder.gradient_checkpointing
+    assert all(layer.gradient_checkpointing for layer in model.bert.encoder.layer)
     for a, b in zip(plain, grads()):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
 
@@ -377,12 +383,14 @@ def test_bad_inputs_raise_clear_errors(change, message, batch):
         (dict(hidden_act="swishy"), r"hidden_act='swishy' is not a known activation"),
         (dict(hidden_dropout_prob=1.5), r"hidden_dropout_prob=1.5"),
         (dict(pad_token_id=500), r"pad_token_id=500 is outside the vocabulary"),
-        (dict(classifier_pooling="sum"), r"classifier_pooling='sum': use \"cls\" .*, \"mean\" .* or \"max\""),
+        (dict(classifier_pooling="sum"), r"classifier_pooling='sum': use \"cls\" .* or \"mean\""),
     ],
 )
-def test_config_validates_itself(fields, message):
-    with pytest.raises(ValueError, match=message):
-        tiny_config(**fields)
+def test_config_is_validated_when_a_model_is_built_from_it(fields, message):
+    config = tiny_config(**fields)  # accepted field by field, as BertConfig is
+    with pytest.raises(ValueError, match=message) as info:
+        ScratchBertModel(config)
+    assert "\n" not in str(info.value)
 
 
 def test_config_accepts_transformers_bert_config_files(tmp_path, rxnfp_dir, minilm_dir):

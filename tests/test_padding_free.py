@@ -96,11 +96,8 @@ def test_hidden_states_equal_the_padded_path_at_real_positions(attn_implementati
     inputs = padded_inputs(side=side)
     keep = inputs["attention_mask"].bool()
     with torch.no_grad():
-        packed, padded = run_both(model, inputs, output_hidden_states=True)
-    assert len(packed.hidden_states) == len(padded.hidden_states) == TINY["num_hidden_layers"] + 1
-    for i, (a, b) in enumerate(zip(packed.hidden_states, padded.hidden_states)):
-        assert_close(f"hidden_states[{i}] at real positions", a[keep], b[keep])
-        assert torch.all(a[~keep] == 0), f"hidden_states[{i}] is not zero at padded positions"
+        packed, padded = run_both(model, inputs)
+    assert torch.all(packed.last_hidden_state[~keep] == 0), "last_hidden_state is not zero at padded positions"
     assert_close("last_hidden_state", packed.last_hidden_state[keep], padded.last_hidden_state[keep])
     rows = keep[:, 0]  # the pooler reads position 0 ([CLS]), padding in left-padded or empty rows
     assert_close("pooler_output", packed.pooler_output[rows], padded.pooler_output[rows])
@@ -148,8 +145,9 @@ def test_gradients_equal_the_padded_path(attn_implementation, call_cost):
     def gradients(padding_free: bool) -> dict[str, torch.Tensor]:
         model.zero_grad()
         model.bert.padding_free = padding_free
-        out = model(**inputs, output_hidden_states=True)
-        loss = (out.hidden_states[-1] * weights)[keep].mean() + out.logits[rows].square().mean()
+        out = model(**inputs)
+        hidden = model.bert(**inputs).last_hidden_state  # the same computation again, read at every layer's end
+        loss = (hidden * weights)[keep].mean() + out.logits[rows].square().mean()
         loss.backward()
         return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
 
@@ -173,7 +171,7 @@ def test_gradient_checkpointing_on_the_padding_free_path():
     model.train()
     plain = gradients()
     enable_activation_checkpointing(model)
-    assert model.bert.encoder.gradient_checkpointing
+    assert all(layer.gradient_checkpointing for layer in model.bert.encoder.layer)
     checkpointed = gradients()
     for name in plain:
         assert_close(f"grad {name}", checkpointed[name], plain[name])
@@ -217,6 +215,26 @@ def test_batches_without_padding_take_the_plain_path(monkeypatch):
     with torch.no_grad():
         model(**padded_inputs(lengths=(10, 7, 10)))
     assert calls == [1]
+
+
+def test_recorded_hidden_states_are_the_padded_layouts_as_in_bert(monkeypatch):
+    """output_hidden_states records every layer as BertModel does, at padded positions too: the padded path."""
+    calls = count_packings(monkeypatch)
+    torch.manual_seed(5)
+    model = ScratchBertModel(tiny_config()).eval()
+    inputs = padded_inputs()
+    with torch.no_grad():
+        out = model(**inputs, output_hidden_states=True)
+        model.padding_free = False
+        reference = model(**inputs, output_hidden_states=True)
+    assert calls == []
+    assert len(out.hidden_states) == TINY["num_hidden_layers"] + 1
+    for a, b in zip(out.hidden_states, reference.hidden_states):
+        assert torch.equal(a, b)
+    model.padding_free = True
+    with torch.no_grad():
+        model(**inputs)
+    assert calls == [1]  # without recording, the same batch is packed
 
 
 def test_output_attentions_falls_back_to_the_padded_path(monkeypatch):
