@@ -65,6 +65,7 @@ MASK_TOKEN = "[MASK]"
 # Order matters: the trainer gives special tokens the first ids, so [PAD] gets 0, the
 # model's `pad_token_id`.
 SPECIAL_TOKENS = (PAD_TOKEN, UNK_TOKEN, CLS_TOKEN, SEP_TOKEN, MASK_TOKEN)
+DEFAULT_SPECIAL_TOKENS = {"pad_token": PAD_TOKEN, "unk_token": UNK_TOKEN, "cls_token": CLS_TOKEN, "sep_token": SEP_TOKEN, "mask_token": MASK_TOKEN}
 CONTINUING_SUBWORD_PREFIX = "##"
 # BERT's WordpieceTokenizer gives up on longer words (they become [UNK]): greedy
 # longest-match is quadratic in the word length.
@@ -189,12 +190,13 @@ def reference_pair_lengths(len_a: int, len_b: int, budget: int) -> tuple[int, in
 class ScratchBertTokenizer(PreTrainedTokenizerFast):
     """BERT's WordPiece tokenizer for scratchbert: a transformers Rust-backed tokenizer.
 
-    Build one with `train_tokenizer` or `tokenizer_from_vocab`; reload a saved one with
+    Build one with `train_tokenizer` or `tokenizer_from_vocab`, or as `BertTokenizer` is built:
+    `ScratchBertTokenizer(vocab={...} or "vocab.txt", do_lower_case=..., strip_accents=...,
+    tokenize_chinese_chars=...)` (also `vocab_file="vocab.txt"`). Reload a saved one with
     `AutoTokenizer.from_pretrained(directory)` (after `import scratchbert`, which registers
-    this class). The whole pipeline, casing included, is read back from `tokenizer.json`:
-    the class defines no `__init__`, so transformers loads that file as it is instead of
-    rebuilding a normalizer from keyword arguments (which is how v5's `BertTokenizer`
-    loses `do_lower_case=False` when a config does not repeat it).
+    this class). The whole pipeline, casing included, is read back from `tokenizer.json` as
+    it is, not rebuilt from keyword arguments (which is how v5's `BertTokenizer` loses
+    `do_lower_case=False` when a config does not repeat it).
 
     Differences from transformers' `BertTokenizer`, both towards the BERT reference:
     pairs truncated with "longest_first" follow `reference_pair_lengths`, and a pair whose
@@ -203,6 +205,55 @@ class ScratchBertTokenizer(PreTrainedTokenizerFast):
 
     vocab_files_names = {"vocab_file": "vocab.txt", "tokenizer_file": "tokenizer.json"}
     model_input_names = ["input_ids", "token_type_ids", "attention_mask"]
+
+    def __init__(
+        self,
+        vocab: dict[str, int] | str | os.PathLike | None = None,
+        do_lower_case: bool = True,
+        unk_token: str = UNK_TOKEN,
+        sep_token: str = SEP_TOKEN,
+        pad_token: str = PAD_TOKEN,
+        cls_token: str = CLS_TOKEN,
+        mask_token: str = MASK_TOKEN,
+        tokenize_chinese_chars: bool = True,
+        strip_accents: bool | None = None,
+        **kwargs,
+    ):
+        """`BertTokenizer`'s arguments, with its meaning: `vocab` (token -> id, or a vocab.txt path; or
+        `vocab_file=`) builds BERT's WordPiece pipeline with those normalizer options. A loaded or wrapped
+        pipeline (`tokenizer_file`, `tokenizer_object`) is kept as it is. No vocabulary at all: the five
+        special tokens alone, as `BertTokenizer()` builds. Other special tokens than BERT's are refused."""
+        specials = dict(unk_token=unk_token, sep_token=sep_token, pad_token=pad_token, cls_token=cls_token, mask_token=mask_token)
+        loaded = kwargs.get("tokenizer_object") is not None or os.path.isfile(str(kwargs.get("tokenizer_file") or ""))
+        if not loaded:
+            for name, token in specials.items():
+                if str(token) != DEFAULT_SPECIAL_TOKENS[name]:
+                    raise ScratchBertError(
+                        f"{name}={str(token)!r}: ScratchBertTokenizer builds BERT's special tokens {' '.join(SPECIAL_TOKENS)}; "
+                        "put those in the vocabulary, or use transformers' BertTokenizer for other special tokens."
+                    )
+            vocab_file = kwargs.pop("vocab_file", None)
+            vocab = vocab if vocab is not None else vocab_file
+            if vocab is None:
+                vocab = {token: index for index, token in enumerate(SPECIAL_TOKENS)}  # BertTokenizer()'s vocabulary
+            elif not isinstance(vocab, dict):
+                vocab = read_vocab_file(Path(vocab))
+            pipeline = wordpiece_pipeline(
+                dict(vocab), lowercase=do_lower_case, strip_accents=strip_accents, handle_chinese_chars=tokenize_chinese_chars, clean_text=True
+            )
+            add_bert_template(pipeline)
+            kwargs["tokenizer_object"] = pipeline
+            kwargs.setdefault("clean_up_tokenization_spaces", False)
+        super().__init__(
+            do_lower_case=do_lower_case, tokenize_chinese_chars=tokenize_chinese_chars, strip_accents=strip_accents, **specials, **kwargs
+        )
+
+    @classmethod
+    def convert_to_native_format(cls, trust_remote_code=False, **kwargs):
+        """Hand a saved tokenizer.json to `__init__` to load as it is, as transformers does for a class
+        without an `__init__` of its own (`trust_remote_code=True` selects that branch), rather than
+        extracting its vocabulary for `__init__` to rebuild a pipeline from keyword arguments."""
+        return super().convert_to_native_format(trust_remote_code=True, **kwargs)
 
     def save_vocabulary(self, save_directory: str, filename_prefix: str | None = None) -> tuple[str]:
         """Write `vocab.txt`: one token per line, line number = id (BERT's format)."""
@@ -306,9 +357,7 @@ class ScratchBertTokenizer(PreTrainedTokenizerFast):
             padding_side=padding_side,
         )
         self._tokenizer.encode_special_tokens = self.split_special_tokens if split_special_tokens is None else split_special_tokens
-        encode = self._tokenizer.encode_batch
-        encodings_a = encode(firsts, add_special_tokens=False, is_pretokenized=is_split_into_words)
-        encodings_b = encode(seconds, add_special_tokens=False, is_pretokenized=is_split_into_words)
+        encodings_a, encodings_b = self._encode_segments(firsts, seconds, is_split_into_words)
         truncate_to = max_length if truncation_strategy == TruncationStrategy.LONGEST_FIRST else None
         encodings = self._join_pairs(encodings_a, encodings_b, add_special_tokens, truncate_to)
         if padding_strategy != PaddingStrategy.DO_NOT_PAD:
@@ -320,6 +369,22 @@ class ScratchBertTokenizer(PreTrainedTokenizerFast):
             # A single pair: one list per key, not a batch of one.
             return BatchEncoding({key: value[0] for key, value in columns.items()}, encodings)
         return BatchEncoding(columns, encodings, tensor_type=return_tensors)
+
+    def _encode_segments(self, firsts: list, seconds: list, is_split_into_words: bool) -> tuple[list[Encoding], list[Encoding]]:
+        """Each text of the pairs on its own, with no post-processor at all.
+
+        Even with add_special_tokens=False the post-processor marks an encoding as sequence 0, and
+        `post_process(a, b)` then lets B's sequence-0 mark overwrite A's: every token of A would
+        report `sequence_ids()` None. Encodings that carry no mark get 0 and 1, as `encode(a, b)` gives.
+        """
+        backend = self._tokenizer
+        post_processor, backend.post_processor = backend.post_processor, None
+        try:
+            encodings_a = backend.encode_batch(firsts, add_special_tokens=False, is_pretokenized=is_split_into_words)
+            encodings_b = backend.encode_batch(seconds, add_special_tokens=False, is_pretokenized=is_split_into_words)
+        finally:
+            backend.post_processor = post_processor
+        return encodings_a, encodings_b
 
     def _join_pairs(self, encodings_a, encodings_b, add_special_tokens: bool, truncate_to: int | None) -> list[Encoding]:
         """Each pair cut to `truncate_to` tokens by BERT's rule (`reference_pair_lengths`), then [CLS] A [SEP] B [SEP]."""
@@ -504,19 +569,8 @@ def _train_with_tokenizers(tokenizer: Tokenizer, texts, vocab_size: int, min_fre
         )
 
 
-def tokenizer_from_vocab(
-    vocab_file: str | os.PathLike,
-    lowercase: bool = True,
-    strip_accents: bool | None = None,
-    handle_chinese_chars: bool = True,
-    clean_text: bool = True,
-    model_max_length: int = 512,
-) -> ScratchBertTokenizer:
-    """Build the tokenizer from an existing BERT `vocab.txt` (one token per line, line = id).
-
-    Use `lowercase=True` for an uncased vocabulary (bert-base-uncased), False for a cased one.
-    """
-    vocab_file = Path(vocab_file)
+def read_vocab_file(vocab_file: Path) -> dict[str, int]:
+    """A BERT `vocab.txt` as token -> id (one token per line, line number = id)."""
     if not vocab_file.is_file():
         raise MissingFileError(f"no such vocabulary file: {vocab_file}")
     vocab: dict[str, int] = {}
@@ -530,6 +584,22 @@ def tokenizer_from_vocab(
         vocab[token] = index
     if not vocab:
         raise ScratchBertError(f"{vocab_file} is empty: a vocab.txt lists one token per line.")
+    return vocab
+
+
+def tokenizer_from_vocab(
+    vocab_file: str | os.PathLike,
+    lowercase: bool = True,
+    strip_accents: bool | None = None,
+    handle_chinese_chars: bool = True,
+    clean_text: bool = True,
+    model_max_length: int = 512,
+) -> ScratchBertTokenizer:
+    """Build the tokenizer from an existing BERT `vocab.txt` (one token per line, line = id).
+
+    Use `lowercase=True` for an uncased vocabulary (bert-base-uncased), False for a cased one.
+    """
+    vocab = read_vocab_file(Path(vocab_file))
     tokenizer = wordpiece_pipeline(
         vocab, lowercase=lowercase, strip_accents=strip_accents, handle_chinese_chars=handle_chinese_chars, clean_text=clean_text
     )
