@@ -567,6 +567,7 @@ class ScratchBertModel(ScratchBertPreTrainedModel):
         self.embeddings = ScratchBertEmbeddings(config)
         self.encoder = ScratchBertEncoder(config)
         self.pooler = ScratchBertPooler(config) if add_pooling_layer else None
+        self.gradient_checkpointing = False  # as BertModel's: set with its layers' by `activation_checkpointing_enable`
         self.padding_free = True  # skip padded positions in the layers (not saved; a speed switch)
         self.attention_call_cost = default_call_cost  # (dtype, device) -> the bucket planner's cost of one attention call
         self.post_init()
