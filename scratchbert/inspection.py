@@ -60,14 +60,10 @@ def load_masked_lm(model_dir: str | Path) -> tuple[ScratchBertForMaskedLM, objec
         model, info = ScratchBertForMaskedLM.from_pretrained(model_dir, output_loading_info=True)
     untrained = sorted(key for key in info["missing_keys"] if not key.startswith("cls.predictions.decoder"))
     if untrained:
-        generator = model_dir / "generator"  # an ELECTRA run's masked-language model (training/electra.py's GENERATOR_DIR)
-        hint = ""
-        if (generator / "config.json").is_file():
-            hint = f" This is an ELECTRA run's discriminator; its masked-language model is the generator: {generator}."
         raise ScratchBertError(
             f"{model_dir} has no trained masked-language-model head (missing {', '.join(untrained[:3])}"
             f"{', ...' if len(untrained) > 3 else ''}): fill-mask needs a checkpoint pretrained with MLM, "
-            f"e.g. one saved by `scratchbert pretrain`.{hint}"
+            f"e.g. one saved by `scratchbert pretrain`."
         )
     return model.eval(), _tokenizer_for(model, model_dir)
 

@@ -14,10 +14,7 @@ James Bible's verses by testament or by their book's kind from ../shared/data/co
       (15%) + `Trainer`, the documents tokenized, concatenated and cut into blocks, peak learning
       rate 5e-4 with 6% warmup and linear decay, in (a)'s precision. Its step count is
       calibrated from timed steps so that its schedule ends at the budget, and a callback stops
-      it at the budget in any case;
-  (e) optional (`--rows a b c d e`): as (a) with replaced-token detection (`--objective
-      electra`: a small generator fills the masks, the BERT encoder learns which tokens were
-      replaced; the encoder is saved and fine-tuned as (a)'s is).
+      it at the budget in any case.
 
 Each seed draws its own `--train-examples` labelled training documents (the same ones for every
 row: a user's label budget). Each model is fine-tuned on them (`scratchbert.training.finetune`,
@@ -27,8 +24,7 @@ command holds 10% of the budget out to pick its epoch) and scored on `--test-exa
 documents; TF-IDF learns from the whole budget. The table gives test accuracy and macro-F1 as
 mean ± 1 sample standard deviation over the seeds, how many seeds gave (nearly) every example one
 class, held-out MLM accuracy of (a) and (d) on test documents (15% masking, the same masks for
-both; for (e) its generator's, beside its discriminator's replaced-token detection AUC on the
-run's own held-out split) and their training throughput.
+both) and their training throughput.
 
     pip install -e .[bench]
     python scripts/bench_pretrain_budget.py                                   # IMDB, 60 minutes, 3 seeds
@@ -69,7 +65,7 @@ from scratchbert.training.finetune import FinetuneConfig
 
 # What a set's labelled examples default to: a label budget, a separate validation set (0: the
 # command holds 10% of the budget out), test documents.
-ROWS = ("a", "b", "c", "d", "e")
+ROWS = ("a", "b", "c", "d")
 FINETUNE_LENGTH = 256  # tokens per document in fine-tuning, unless --finetune-length says otherwise
 # The model: the pretrain command's own (`tiny`, 4,096 tokens, 64-token blocks), which fine-tuned at
 # least as well as IMDB's earlier `mini`/16,384 and 256-token blocks on both sets (docs/pretraining.md).
@@ -91,15 +87,15 @@ def write_pretraining_text(rows: list[dict], target: Path) -> int:
 # ---------------------------------------------------------------------------------------------
 # (a) scratchbert
 # ---------------------------------------------------------------------------------------------
-def pretrain_scratchbert(args, text_file: Path, tokenizer_dir: Path, out: Path, objective: str = "mlm") -> dict:
-    """`scratchbert pretrain --time-budget` with the default recipe; `objective="electra"` for row (e)."""
+def pretrain_scratchbert(args, text_file: Path, tokenizer_dir: Path, out: Path) -> dict:
+    """`scratchbert pretrain --time-budget` with the default recipe: row (a)."""
     from scratchbert.training.pretrain import pretrain
 
     config = PretrainConfig(**{
         "preset": args.preset, "train_files": [str(text_file)], "tokenizer": str(tokenizer_dir), "max_seq_length": args.max_seq_length,
         "batch_size": args.batch_size, "time_budget": args.minutes, "mixed_precision": args.mixed_precision, "output_dir": str(out),
         "eval_every": 200, "save_every": 0, "report_to": "none", "overwrite": True,  # evaluations do not count against the budget
-        "seed": args.seed, "objective": objective,
+        "seed": args.seed,
         **args.pretrain_options,  # e.g. seed=1: another pretraining of the same recipe on the same labels and test documents
     })  # fmt: skip
     pretrain(config)
@@ -107,16 +103,14 @@ def pretrain_scratchbert(args, text_file: Path, tokenizer_dir: Path, out: Path, 
 
 
 def pretraining_stats(run_dir: Path) -> dict:
-    """Steps, tokens and training seconds from a run's final record; for ELECTRA also its discriminator's
-    AUC on the run's own held-out split (`rtd_auc`, in logs written since it was added)."""
+    """Steps, tokens and training seconds from a run's final record (the last: a resumed run ends twice)."""
     from scratchbert.training.plotting import read_log
 
     final = [r for r in read_log(run_dir / "train_log.jsonl") if r["type"] == "final"][-1]
-    stats = {"steps": final["step"], "tokens": final["tokens_seen"], "seconds": final["training_seconds"]}
-    return stats | ({"rtd_auc": final["rtd_auc"]} if final.get("rtd_auc") is not None else {})
+    return {"steps": final["step"], "tokens": final["tokens_seen"], "seconds": final["training_seconds"]}
 
 
-# What the table's header says of (a) and (e): a reused run must have been made with the same values.
+# What the table's header says of (a): a reused run must have been made with the same values.
 REUSED_PRETRAINING = {"time_budget": ("minutes", "--minutes"), "max_seq_length": ("max_seq_length", "--max-seq-length"),
                       "preset": ("preset", "--preset"), "batch_size": ("batch_size", "--batch-size")}  # fmt: skip
 
@@ -326,10 +320,46 @@ def label_curve(out: Path, args) -> tuple[dict[str, dict[int, list[float]]], dic
     return curves, names
 
 
+def plot_label_curve(curves: dict[str, dict[int, list[float]]], path: str | Path, title: str) -> Path:
+    """Test accuracy against the number of labels, `{model: {labels: [accuracy per seed]}}`: the mean with
+    a bar of one standard deviation, on a log scale of labels (each doubling the same width)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
+
+    figure, axis = plt.subplots(figsize=(7, 4))
+    for label, runs in curves.items():
+        counts = sorted(runs)
+        means = [statistics.mean(runs[count]) for count in counts]
+        spreads = [statistics.stdev(runs[count]) if len(runs[count]) > 1 else 0.0 for count in counts]
+        axis.errorbar(counts, means, yerr=spreads, marker="o", capsize=3, label=label)
+    axis.set_xscale("log")
+    axis.set_xticks(sorted({count for runs in curves.values() for count in runs}))
+    axis.get_xaxis().set_major_formatter(FuncFormatter(lambda value, _: f"{value:,.0f}"))
+    axis.minorticks_off()
+    axis.set(xlabel="labelled training examples (log scale)", ylabel="test accuracy", title=title)
+    return _finish(figure, [axis], path)
+
+
+def _finish(figure, axes, path: str | Path) -> Path:
+    """Grid and legend on every axis, then write the figure as a PNG (creating its folder) and close it."""
+    import matplotlib.pyplot as plt
+
+    for axis in axes:
+        axis.grid(alpha=0.3)
+        axis.legend()
+    figure.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
+
+
 def write_label_curve(out: Path, args) -> Path:
     """`label_curve`'s figures as a Markdown table (mean ± 1σ per budget) and a plot, both in `out`."""
-    from scratchbert.training.plotting import plot_label_curve
-
     curves, names = label_curve(out, args)
     counts = sorted({count for runs in curves.values() for count in runs})
     lines = ["| model | " + " | ".join(f"{count:,} labels" for count in counts) + " |", "|---|" + "---|" * len(counts)]
@@ -345,7 +375,7 @@ def write_label_curve(out: Path, args) -> Path:
 
 def choose_mixed_precision(args, vocab_size: int) -> tuple[str, dict | None]:
     """--mixed-precision auto: a reused pretraining's own precision, else the faster of fp32 and bf16 here, timed
-    on (a)'s model (with its --pretrain-option objective), batch shape and masking rate; returns the choice and
+    on (a)'s model (with its --pretrain-options), batch shape and masking rate; returns the choice and
     the trial's tokens/s (None when reused)."""
     from scratchbert import ScratchBertConfig
     from scratchbert.training.models import pretraining_model
@@ -374,22 +404,22 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--minutes", type=float, default=60.0, help="pretraining budget of (a) and of (d)")
     parser.add_argument("--imdb", default=str(IMDB), help="with --set imdb: folder with train.jsonl.gz and test.jsonl.gz")
     parser.add_argument("--corpus", help="pretraining text file instead of the set's training documents' text")
-    parser.add_argument("--preset", help="model size of (a), (b), (d), (e) (default: the set's)")
+    parser.add_argument("--preset", help="model size of (a), (b), (d) (default: the set's)")
     parser.add_argument(
         "--max-seq-length", type=int, default=PretrainConfig.max_seq_length,
-        help="tokens per pretraining block of (a), (d), (e) (default: the pretrain command's own, %(default)s)",
+        help="tokens per pretraining block of (a) and (d) (default: the pretrain command's own, %(default)s)",
     )  # fmt: skip
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument(
         "--mixed-precision", default="auto", choices=["auto", "no", "bf16"],
-        help="pretraining precision of (a), (d), (e); auto: as the pretrain command's on a CPU, the faster here (bf16 only when at "
+        help="pretraining precision of (a) and (d); auto: as the pretrain command's on a CPU, the faster here (bf16 only when at "
         "least 10%% faster), timed on a few steps of the model and batch (scratchbert.training.precision; bf16 was slower on an "
         "AVX2-only Zen 3 and on an Intel without AMX, 1.9 times faster on a Zen 4: docs/performance.md)",
     )  # fmt: skip
     parser.add_argument("--vocab-size", type=int, help="WordPiece vocabulary trained on the pretraining text (default: the set's)")
     parser.add_argument(
         "--pretrain-option", dest="pretrain_options", action="append", default=[], metavar="NAME=VALUE",
-        help="a PretrainConfig option for (a) and (e), e.g. mask_replace_prob=1.0, or seed=1 for another pretraining on the same labels and test documents (repeatable; VALUE read as JSON, else text)",
+        help="a PretrainConfig option for (a), e.g. mask_replace_prob=1.0, or seed=1 for another pretraining on the same labels and test documents (repeatable; VALUE read as JSON, else text)",
     )  # fmt: skip
     parser.add_argument("--train-examples", "--train-reviews", type=int, help="labelled training documents per seed (default: the set's)")
     parser.add_argument("--validation-examples", "--validation-reviews", type=int, help="labelled documents that pick the epoch; 0: the command holds 10%% of the labels out (default: the set's)")
@@ -408,7 +438,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--calibration-steps", type=int, default=20, help="timed steps of (d) before its run, to size its schedule")
     parser.add_argument("--reuse", action="store_true", help="keep the tokenizer, the finished pretraining runs and the fine-tuning runs (made with the same settings) already in --out")
-    parser.add_argument("--rows", nargs="+", default=["a", "b", "c", "d"], choices=ROWS, help="rows to make (e: ELECTRA, see above)")
+    parser.add_argument("--rows", nargs="+", default=["a", "b", "c", "d"], choices=ROWS, help="rows to make")
     parser.add_argument("--skip", nargs="*", default=[], choices=ROWS, help="rows to leave out")
     parser.add_argument("--out", default="runs/bench-pretrain-budget")
     parser.add_argument(
@@ -505,15 +535,13 @@ def main() -> None:
     mlm_texts = [row["text"] for row in rows["test"][: args.mlm_eval_examples]]
 
     table_rows: dict[str, dict] = {}
-    for key, objective, name in (("a", "mlm", "(a) scratchbert pretrain"), ("e", "electra", "(e) scratchbert pretrain, ELECTRA")):
-        if key not in args.rows:
-            continue
-        if args.reuse and (out / key / "model.safetensors").is_file():
-            check_reused_pretraining(args, out / key)
-            stats = pretraining_stats(out / key)
+    if "a" in args.rows:
+        if args.reuse and (out / "a" / "model.safetensors").is_file():
+            check_reused_pretraining(args, out / "a")
+            stats = pretraining_stats(out / "a")
         else:
-            stats = pretrain_scratchbert(args, text_file, out / "tokenizer", out / key, objective)
-        table_rows[key] = {"name": name, "dir": out / key, **stats}
+            stats = pretrain_scratchbert(args, text_file, out / "tokenizer", out / "a")
+        table_rows["a"] = {"name": "(a) scratchbert pretrain", "dir": out / "a", **stats}
     if "b" in args.rows:
         save_random_init(args, tokenizer, out / "b")
         table_rows["b"] = {"name": "(b) random init", "dir": out / "b"}
@@ -524,10 +552,9 @@ def main() -> None:
             stats = pretrain_transformers(args, texts, tokenizer, out / "d")
             (out / "d" / "stats.json").write_text(json.dumps(stats) + "\n")
         table_rows["d"] = {"name": "(d) transformers run_mlm recipe", "dir": out / "d", **stats}
-    for key in ("a", "d", "e"):
-        if key in table_rows:  # (e) saves the encoder without an MLM head: its small generator is scored
-            mlm_model = table_rows[key]["dir"] / ("generator" if key == "e" else "")
-            table_rows[key]["mlm_accuracy"] = held_out_mlm_accuracy(mlm_model, tokenizer, mlm_texts, args.max_seq_length)
+    for key in ("a", "d"):
+        if key in table_rows:
+            table_rows[key]["mlm_accuracy"] = held_out_mlm_accuracy(table_rows[key]["dir"], tokenizer, mlm_texts, args.max_seq_length)
             table_rows[key]["tokens_per_second"] = table_rows[key]["tokens"] / table_rows[key]["seconds"]
     seeds = [args.seed + i for i in range(args.seeds)]
     tag = finetune_tag(args)  # fine-tuning at another length, with another head or options: its own runs and table
@@ -554,8 +581,6 @@ def main() -> None:
         row = table_rows[key]
         accuracy, f1 = ([run[name] for run in row["runs"]] for name in ("accuracy", "macro_f1"))
         mlm = f"{row['mlm_accuracy']:.3f}" if "mlm_accuracy" in row else ""
-        if key == "e":  # the generator's MLM; the discriminator's AUC is its run's, on the run's own held-out split
-            mlm += " (generator" + (f"; discriminator AUC {row['rtd_auc']:.3f}" if "rtd_auc" in row else "") + ")"
         speed = f"{row['tokens_per_second']:,.0f}" if "tokens_per_second" in row else ""
         collapsed = sum(run["collapsed"] for run in row["runs"])
         lines.append(f"| {row['name']} | {mean_std(accuracy)} | {mean_std(f1)} | {collapsed} of {len(row['runs'])} | {mlm} | {row.get('steps', '')} | {speed} |")

@@ -25,6 +25,7 @@ import argparse
 import json
 import shutil
 import tempfile
+import unittest.mock
 from collections import Counter
 from pathlib import Path
 
@@ -35,7 +36,8 @@ from transformers import BertConfig, BertForPreTraining
 from scratchbert import ScratchBertConfig, ScratchBertForPreTraining
 from scratchbert.training.config import PretrainConfig
 from scratchbert.training.corpus import TOKENIZER_DIR
-from scratchbert.training.plotting import plot_loss_comparison, read_log
+from scratchbert.training import pretrain as pretrain_module
+from scratchbert.training.plotting import read_log
 from scratchbert.training.pretrain import LOG_FILE, pretrain
 
 REPO = Path(__file__).resolve().parents[1]
@@ -67,6 +69,41 @@ def transformers_bert_with_scratchbert_init(config: BertConfig) -> BertForPreTra
     if unexpected or [key for key in missing if "decoder" not in key]:  # the decoder is tied to the embeddings
         raise RuntimeError(f"state dicts differ: missing {missing}, unexpected {unexpected}")
     return model
+
+
+def transformers_model(config: PretrainConfig, tokenizer, vocab_size: int) -> BertForPreTraining:
+    """What the second run trains in place of `pretrain.build_model`'s model (swapped in by `main`)."""
+    model_config = BertConfig(vocab_size=vocab_size, pad_token_id=tokenizer.pad_token_id, **config.model_kwargs())
+    return transformers_bert_with_scratchbert_init(model_config)
+
+
+def plot_loss_comparison(curves: dict[str, tuple[list[int], list[float]]], path: str | Path, title: str) -> Path:
+    """Overlay several loss curves, `{label: (steps, losses)}`, e.g. two models trained identically."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(7, 4))
+    for (label, (steps, losses)), style in zip(curves.items(), ("-", "--", ":", "-.")):
+        axis.plot(steps, losses, style, label=label)
+    axis.set(xlabel="optimizer step", ylabel="training loss", title=title)
+    return _finish(figure, [axis], path)
+
+
+def _finish(figure, axes, path: str | Path) -> Path:
+    """Grid and legend on every axis, then write the figure as a PNG (creating its folder) and close it."""
+    import matplotlib.pyplot as plt
+
+    for axis in axes:
+        axis.grid(alpha=0.3)
+        axis.legend()
+    figure.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
 
 
 def mlm_chance(tokenizer, eval_texts: list[str]) -> float:
@@ -106,11 +143,8 @@ def main() -> None:
     runs["scratchbert ScratchBertForPreTraining"] = work / "scratchbert"
     # Same tokenizer (its training is not bit-reproducible across processes), data, seed, weights.
     AcceleratorState._reset_state(reset_partial_state=True)
-    pretrain(
-        PretrainConfig(output_dir=str(work / "transformers"), overwrite=True, tokenizer=str(work / "scratchbert" / TOKENIZER_DIR), **common),
-        model_class=transformers_bert_with_scratchbert_init,
-        config_class=BertConfig,
-    )
+    with unittest.mock.patch.object(pretrain_module, "build_model", transformers_model):
+        pretrain(PretrainConfig(output_dir=str(work / "transformers"), overwrite=True, tokenizer=str(work / "scratchbert" / TOKENIZER_DIR), **common))
     runs["transformers BertForPreTraining"] = work / "transformers"
 
     curves, finals = {}, {}

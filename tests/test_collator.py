@@ -230,28 +230,6 @@ def test_same_randomness_same_batch_and_global_rng_resumes_exactly(tokenizer, re
     assert torch.equal(torch.get_rng_state(), state)
 
 
-def test_deferred_masks_are_the_eager_masks_at_the_rate_the_loop_gives(tokenizer, real_examples):
-    """--mlm-probability-end: a deferred batch leaves the loader padded and unmasked with its seed; masked
-    later at a rate, it is the batch the eager collator draws at that rate, and the seed does not reach the model."""
-    items = list(enumerate(real_examples[:16]))
-    inputs = ("input_ids", "attention_mask", "token_type_ids", "labels")
-    eager = lambda rate: SeededCollator(DataCollatorForPretraining(tokenizer, mlm_probability=rate), seed=3, model_inputs=inputs)  # noqa: E731
-    deferred = SeededCollator(DataCollatorForPretraining(tokenizer), seed=3, model_inputs=inputs, defer_masking=True)
-
-    padded = deferred(items)
-    assert "labels" not in padded and padded["mask_seed"].shape == (16,)
-    assert torch.equal(padded["input_ids"], DataCollatorForPretraining(tokenizer).pad(real_examples[:16])["input_ids"])
-    for rate in (0.3, 0.15):
-        masked = deferred.mask(dict(padded), rate)
-        expected = eager(rate)(items)
-        assert masked.keys() == expected.keys() == set(inputs)
-        assert all(torch.equal(masked[name], expected[name]) for name in inputs), rate
-    chosen = lambda rate: int((deferred.mask(dict(padded), rate)["labels"] != IGNORE_INDEX).sum())  # noqa: E731
-    candidates = int(((padded["attention_mask"] == 1) & ~torch.isin(padded["input_ids"], torch.tensor(tokenizer.all_special_ids))).sum())
-    for rate in (0.3, 0.15):  # 5 binomial standard deviations
-        assert abs(chosen(rate) - rate * candidates) < 5 * math.sqrt(candidates * rate * (1 - rate)), rate
-
-
 def test_as_a_dataloader_collate_fn(tokenizer, real_examples):
     dataset = datasets.Dataset.from_list(real_examples[:40])
     loader = DataLoader(dataset, batch_size=8, shuffle=True, collate_fn=DataCollatorForPretraining(tokenizer, pad_to_multiple_of=8))

@@ -30,11 +30,11 @@ def test_a_trial_times_both_precisions_and_leaves_the_random_state_and_kernel_de
 
 
 @pytest.mark.parametrize("options, model_class", [
-    ({}, "ScratchBertForMaskedLM"), ({"recipe": "paper"}, "ScratchBertForPreTraining"), ({"objective": "electra"}, "ElectraForPretraining"),
+    ({}, "ScratchBertForMaskedLM"), ({"recipe": "paper"}, "ScratchBertForPreTraining"),
 ])
-def test_a_trial_trains_the_runs_own_model_mlm_nsp_or_electra(options, model_class, monkeypatch):
+def test_a_trial_trains_the_runs_own_model_mlm_or_nsp(options, model_class, monkeypatch):
     """The trial times what the run will train: an NSP step also trains the pooler and NSP head on
-    sentence-pair labels, an ELECTRA step a generator and a discriminator; each at the run's masking rate."""
+    sentence-pair labels; each at the run's masking rate."""
     config = PretrainConfig(**options)
     built, fed = [], []
 

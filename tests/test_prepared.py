@@ -62,8 +62,14 @@ def test_prepared_data_errors_name_the_problem_and_the_fix(corpus_file, tmp_path
     assert "not empty" in error(["prepare-data", "--train-files", str(corpus_file), "--output-dir", str(prepared)])
     assert "max_seq_length: prepared 32, this run 48" in error([*run, "--prepared-data", str(prepared), "--max-seq-length", "48"])
     assert "leave out --train-files" in error([*run, "--prepared-data", str(prepared), "--train-files", str(corpus_file)])
-    assert "keeps none" in error(["prepare-data", "--train-files", str(corpus_file), "--streaming", "--output-dir", str(tmp_path / "p2")])
-    assert "does not keep --long-phase" in error(["prepare-data", "--train-files", str(corpus_file), "--max-seq-length", "32", "--long-phase", "0.1", "--output-dir", str(tmp_path / "p3")])
+    for flag in ("--streaming", "--hidden-size"):  # prepare-data takes the options that shape the examples only
+        with pytest.raises(SystemExit):
+            main(["prepare-data", "--train-files", str(corpus_file), flag, "1", "--output-dir", str(tmp_path / "p2")])
+        assert f"unrecognized arguments: {flag}" in capsys.readouterr().err
+    (tmp_path / "streamed.yaml").write_text("streaming: true\n")  # a run's file may still say so
+    assert "keeps none" in error(["prepare-data", "--train-files", str(corpus_file), "--config", str(tmp_path / "streamed.yaml"), "--output-dir", str(tmp_path / "p2")])
+    (tmp_path / "long.yaml").write_text("long_phase: 0.1\n")
+    assert "does not keep --long-phase" in error(["prepare-data", "--train-files", str(corpus_file), "--max-seq-length", "32", "--config", str(tmp_path / "long.yaml"), "--output-dir", str(tmp_path / "p3")])
     (prepared / "prepared.json").write_text("{ not json", encoding="utf-8")
     assert "damaged" in error([*run, "--prepared-data", str(prepared)])
     assert "not a prepared-data folder" in error([*run, "--prepared-data", str(corpus_file.parent)])

@@ -106,8 +106,6 @@ def test_recipes_set_their_options_and_flags_win():
     paper = PretrainConfig(recipe="paper")
     assert (paper.nsp, paper.packing, paper.mlm_probability) == (True, "sentence-pairs", 0.15)
     assert (paper.hidden_dropout_prob, paper.learning_rate, paper.warmup_ratio) == (0.1, 1e-4, 0.01)
-    assert (packed.position_init, paper.position_init) == ("normal", "normal")  # BERT's, in both (docs/pretraining.md)
-    assert PretrainConfig(position_init="sinusoidal").position_init == "sinusoidal"
     assert set(RECIPES["packed"]) == set(RECIPES["paper"])
     # Anything given explicitly wins over the recipe, also 0 and False.
     custom = PretrainConfig(recipe="paper", mlm_probability=0.4, hidden_dropout_prob=0.0, nsp=False)
@@ -152,7 +150,6 @@ def test_command_line_recipe_flags(capsys):
         ({"recipe": "paper", "packing": "full-sentences"}, r"--nsp with --packing full-sentences"),
         ({"packing": "pairs"}, r"packing='pairs': choose one of full-sentences, sentence-pairs"),
         ({"mlm_probability": 1.0}, r"mlm_probability=1.0: it must be strictly between 0 and 1"),
-        ({"position_init": "rope"}, r"position_init='rope': choose one of normal, sinusoidal"),
         ({"mask_replace_prob": 0.95}, r"mask_replace_prob=0.95 and random_replace_prob=0.1: each must be 0 or more and together at most 1"),
         ({"random_replace_prob": -0.1}, r"random_replace_prob=-0.1: each must be 0 or more"),
     ],
@@ -206,48 +203,6 @@ def test_a_version_4_save_trained_with_berts_80_10_10():
     assert (loaded.mask_replace_prob, loaded.random_replace_prob) == (0.8, 0.1)
     assert ckpt.config_differences(saved, PretrainConfig().to_dict()) == []
     assert ckpt.config_differences(saved, PretrainConfig(mask_replace_prob=1.0, random_replace_prob=0.0).to_dict())
-
-
-def test_a_version_7_save_masked_at_one_rate_and_the_schedule_is_checked(tmp_path):
-    saved = {**PretrainConfig().to_saved_dict(), "config_version": 7}
-    del saved["mlm_probability_end"]
-    assert PretrainConfig.from_dict(saved).mlm_probability_end is None
-    assert ckpt.config_differences(saved, PretrainConfig().to_dict()) == []
-    assert ckpt.config_differences(saved, PretrainConfig(mlm_probability_end=0.15).to_dict())
-    parser = argparse.ArgumentParser()
-    add_config_arguments(parser, PretrainConfig)
-    assert config_from_args(parser.parse_args(["--mlm-probability-end", "0.15"]), PretrainConfig).mlm_probability_end == 0.15
-    for bad in (0.0, 1.0, -0.1):
-        with pytest.raises(ScratchBertError, match=f"mlm_probability_end={bad!r}: it must be strictly between 0 and 1"):
-            PretrainConfig(mlm_probability_end=bad).validate()
-
-
-# --- where the position table starts ----------------------------------------------------
-
-
-def test_sinusoidal_position_init_is_the_transformers_table_at_berts_scale(topic_tokenizer):
-    """Columns 2i, 2i+1 hold sin, cos of p / 10000^(2i/H), amplitude std·√2, so a fixed rotation
-    takes every row to the next (what makes "attend one to the left" learnable from the start)."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(topic_tokenizer)
-    model = pretrain_module.build_model(PretrainConfig(**TINY, position_init="sinusoidal"), tokenizer, len(tokenizer))
-    table = model.base_model.embeddings.position_embeddings.weight.detach()  # (P, H)
-    std = model.config.initializer_range
-    rows, width = table.shape
-    assert table.requires_grad is False and model.base_model.embeddings.position_embeddings.weight.requires_grad  # still learned
-    amplitude = std * 2**0.5
-    assert torch.allclose(table[0, 0::2], torch.zeros(width // 2)) and torch.allclose(table[0, 1::2], torch.full((width // 2,), amplitude))
-    assert torch.allclose(table.pow(2).mean(), torch.tensor(std**2), rtol=0.02)  # BERT's spread, on average
-    for i in range(width // 2):  # each (sin, cos) pair turns by the same angle from row to row
-        angle = 10000.0 ** (-2 * i / width)
-        turn = torch.tensor([[torch.cos(torch.tensor(angle)), -torch.sin(torch.tensor(angle))], [torch.sin(torch.tensor(angle)), torch.cos(torch.tensor(angle))]])
-        pair = table[:, [2 * i + 1, 2 * i]]  # (P, 2): (cos, sin) of p·angle
-        assert torch.allclose(pair[:-1] @ turn.T, pair[1:], atol=1e-6)
-    # By default the table is BERT's N(0, std) noise: no structure from row to row.
-    paper = pretrain_module.build_model(PretrainConfig(**TINY), tokenizer, len(tokenizer))
-    noise = paper.base_model.embeddings.position_embeddings.weight.detach()
-    assert abs(float(noise.std()) - std) < 0.1 * std and not torch.allclose(noise[0, 0::2], torch.zeros(width // 2), atol=1e-3)
 
 
 # --- packed examples ---------------------------------------------------------------------
@@ -352,13 +307,6 @@ def test_budget_schedule_and_clock():
         schedule.elapsed = elapsed
         factors.append(round(schedule(0), 4))
     assert factors == [0.001, 0.5, 1.0, 0.5, 0.0, 0.0]
-    # --long-learning-rate: the last fifth restarts at a quarter of the peak, warming up over a tenth of it
-    restarted = TimeBudgetSchedule(budget_seconds=100.0, warmup_ratio=0.1, restart=(0.8, 0.25))
-    factors = []
-    for elapsed in (0.0, 5.0, 10.0, 45.0, 79.0, 80.5, 81.0, 82.0, 91.0, 100.0):
-        restarted.elapsed = elapsed
-        factors.append(round(restarted(0), 4))
-    assert factors == [0.001, 0.5, 1.0, 0.5, 0.0143, 0.0625, 0.125, 0.25, 0.125, 0.0]
     fake = FakeTime()
     clock = TrainingClock(elapsed=7.0, timer=fake)
     clock.start()
@@ -384,15 +332,6 @@ def test_time_budget_stops_at_the_budget_with_the_schedule_on_elapsed_time(topic
     assert train[-1]["learning_rate"] == 0.0  # annealed to zero exactly at the budget
     assert records[-1]["type"] == "final" and records[-1]["training_seconds"] == 30.0
     assert (output_dir / "model.safetensors").is_file()
-
-
-def test_a_masking_rate_schedule_on_a_time_budget_follows_elapsed_time(topic_corpus, topic_tokenizer, tmp_path):
-    """--mlm-probability-end on a budget: the rate moves with the share of the budget spent, as the learning rate does."""
-    output_dir = tmp_path / "masking"
-    options = {"time_budget": 0.5, "log_every": 1, "mlm_probability": 0.3, "mlm_probability_end": 0.15, "mixed_precision": "no"}
-    budget_run(run_config(output_dir, topic_corpus, topic_tokenizer, **options), FakeTime())
-    train = [r for r in read_log(output_dir) if r["type"] == "train"]
-    assert [r["mlm_probability"] for r in train] == pytest.approx([0.3 - 0.15 * s / 30 for s in range(1, 31)])  # one-second steps
 
 
 def test_time_budget_with_max_steps_stops_at_whichever_comes_first(topic_corpus, topic_tokenizer, tmp_path):
@@ -433,19 +372,6 @@ def test_a_configuration_saved_before_recipes_loads_as_what_it_trained(tmp_path)
     assert ckpt.config_differences(old, PretrainConfig(learning_rate=2e-3, warmup_ratio=0.1).to_dict())  # the packed recipe is another run
 
 
-def test_a_run_saved_before_position_init_resumes_with_the_table_it_started_from(tmp_path):
-    """A run saved before `position_init` existed started from BERT's normal table: it loads and
-    resumes as that, and not as a run started from sinusoids."""
-    old = PretrainConfig().to_dict()
-    old.pop("position_init")
-    (tmp_path / "pretrain_config.json").write_text(json.dumps(old))
-    loaded = PretrainConfig.from_file(tmp_path / "pretrain_config.json")
-    assert (loaded.recipe, loaded.position_init) == ("packed", "normal")
-    assert ckpt.config_differences(old, loaded.to_dict()) == []
-    assert ckpt.config_differences(old, PretrainConfig().to_dict()) == []
-    assert ckpt.config_differences(old, PretrainConfig(position_init="sinusoidal").to_dict()) == ["position_init: checkpoint 'normal', now 'sinusoidal'"]
-
-
 def test_a_run_saved_before_config_version_resumes_as_it_trained(tmp_path):
     """Saves carry `config_version`; a complete save without one (every run before it) loads, compares
     equal to today's resolution of the same options, and resumes."""
@@ -463,7 +389,7 @@ def test_a_run_saved_before_config_version_resumes_as_it_trained(tmp_path):
     assert ckpt.config_differences(old, current.to_dict()) == []
     assert ckpt.config_differences(saved, current.to_dict()) == []
     version_2 = {**saved, "config_version": 2}
-    for name in ("streaming", "prepared_data", "long_phase", "long_seq_length"):  # options added in version 3
+    for name in ("streaming", "prepared_data", "long_phase", "long_seq_length"):  # options added in version 3: their defaults
         del version_2[name]
     assert ckpt.config_differences(version_2, current.to_dict()) == []
     assert PretrainConfig.from_dict(version_2) == current

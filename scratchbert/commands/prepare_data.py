@@ -8,17 +8,17 @@ from scratchbert.errors import ScratchBertError
 from scratchbert.training.config import PretrainConfig
 from scratchbert.training.config_file import add_config_arguments, resolve_args
 from scratchbert.training.data import progress_bars
-from scratchbert.training.prepared import prepare_data, read_manifest
+from scratchbert.training.prepared import PREPARE_OPTIONS, prepare_data, read_manifest
 
 HELP = (
-    "tokenize and pack a corpus once, into --output-dir (takes pretrain's options; the model's are ignored); "
+    "tokenize and pack a corpus once, into --output-dir (with pretrain's options that shape the examples); "
     "then `scratchbert pretrain --prepared-data DIR` starts from it, here or on another machine"
 )
 
 
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser("prepare-data", help=HELP, description=HELP)
-    add_config_arguments(parser, PretrainConfig)
+    add_config_arguments(parser, PretrainConfig, only=PREPARE_OPTIONS)
     parser.set_defaults(func=run)
 
 

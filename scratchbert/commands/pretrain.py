@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
         sentences = [text for text, _ in result.held_out_passages] if own_corpus else DEMO_SENTENCES
         hidden = [word for _, word in result.held_out_passages] if own_corpus else None
     if sentences and PartialState().is_main_process:
-        print_fill_mask(result.masked_lm_dir, sentences, generator=config.objective == "electra", hidden=hidden)
+        print_fill_mask(result.masked_lm_dir, sentences, hidden=hidden)
     return 0
 
 

@@ -32,7 +32,7 @@ import shutil
 from pathlib import Path
 
 from scratchbert.errors import ScratchBertError
-from scratchbert.training.config import resumable_options, upgrade_saved_config
+from scratchbert.training.config import PretrainConfig, resumable_options
 
 CHECKPOINTS = "checkpoints"
 STATE_FILE = "trainer_state.json"
@@ -151,7 +151,7 @@ def read_trainer_state(path: str | Path) -> dict:
 
 def config_differences(saved: dict, current: dict) -> list[str]:
     """Options whose change would make a resumed run differ from the run that wrote the checkpoint."""
-    saved = upgrade_saved_config(saved)
+    saved = PretrainConfig.from_dict(saved).to_dict()  # resolved as the run was: an option it lacks reads as its default
     names = sorted((set(saved) | set(current)) - resumable_options())
     return [
         f"{name}: checkpoint {saved.get(name)!r}, now {current.get(name)!r}"

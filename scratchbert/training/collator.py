@@ -241,22 +241,13 @@ class SeededCollator:
     a resumed run draws exactly the masks the uninterrupted run drew, and the global RNG
     is left to dropout alone. Set `epoch` before each epoch. Only `model_inputs` are
     passed on (without NSP the model takes no next_sentence_label).
-
-    With `defer_masking` (a masking rate that changes over the run, `--mlm-probability-end`)
-    a batch leaves the DataLoader padded but unmasked, carrying its seed as `mask_seed`; the
-    training loop calls `mask` with the rate of the step that trains it. A worker or a
-    prefetching loader cannot know that step, so the rate is applied where the step is known,
-    and the masks stay a pure function of the batch and the step.
     """
 
-    def __init__(
-        self, collator: DataCollatorForPretraining, seed: int, epoch: int = 0, model_inputs=MODEL_INPUTS, defer_masking: bool = False
-    ):
+    def __init__(self, collator: DataCollatorForPretraining, seed: int, epoch: int = 0, model_inputs=MODEL_INPUTS):
         self.collator = collator
         self.seed = seed
         self.epoch = epoch
         self.model_inputs = model_inputs
-        self.defer_masking = defer_masking
 
     def batch_seed(self, indices) -> int:
         key = f"{self.seed}:{self.epoch}:{','.join(map(str, indices))}".encode()
@@ -264,25 +255,8 @@ class SeededCollator:
 
     def __call__(self, items):
         indices, examples = zip(*items)
-        seed = self.batch_seed(indices)
-        if self.defer_masking:
-            batch = self.collator.pad(list(examples))
-            # One copy per row, so that a loader that splits batches along dim 0 keeps it with them.
-            batch["mask_seed"] = torch.full((len(examples),), seed, dtype=torch.long)  # (batch,)
-            return batch
-        self.collator.generator = torch.Generator().manual_seed(seed)
-        return self._model_inputs(self.collator(list(examples)))
-
-    def mask(self, batch: dict[str, torch.Tensor], mlm_probability: float) -> dict[str, torch.Tensor]:
-        """Mask a deferred batch at `mlm_probability`, on the CPU, and return it on its device."""
-        device = batch["input_ids"].device
-        padded = {name: value.cpu() for name, value in batch.items() if name != "mask_seed"}
-        self.collator.generator = torch.Generator().manual_seed(int(batch["mask_seed"][0]))
-        self.collator.mlm_probability = mlm_probability
-        masked = self.collator.mask(padded)
-        return {name: value.to(device) for name, value in self._model_inputs(masked).items()}
-
-    def _model_inputs(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        self.collator.generator = torch.Generator().manual_seed(self.batch_seed(indices))
+        batch = self.collator(list(examples))
         return {name: batch[name] for name in self.model_inputs if name in batch}
 
 

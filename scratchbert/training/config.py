@@ -25,11 +25,11 @@ The model's geometry is checked by `ScratchBertConfig`, the model's own configur
 defaults (tiny, the packed recipe, 4000 steps of 32 examples of 64 tokens) are the
 no-argument demo (docs/pretraining.md). `--time-budget MINUTES` trains for a length of time
 instead of a number of steps, with the learning-rate schedule on elapsed time.
-`--objective electra` trains ELECTRA's replaced-token detection instead of masked-language
-modelling (`electra.py`); the default, `mlm`, is BERT's.
 
-Saved configurations carry `config_version` (`PretrainConfig.VERSION`); `upgrade_saved_config`
-reads older ones as what they trained.
+Saved configurations carry `config_version` (`PretrainConfig.VERSION`). An option a save lacks
+reads as its default (`upgrade_saved_config`); the one exception is a save from before
+`config_version`, which trained the paper's recipe. A save newer than this package, or one that
+uses an option since removed, is refused with the fix.
 """
 
 from __future__ import annotations
@@ -55,8 +55,6 @@ HEAD_DIM = 64  # every released BERT uses 64-dimensional attention heads
 MIXED_PRECISION_CHOICES = ("no", "bf16", "fp16", "auto")
 DEFAULT_VOCAB_SIZE = 4096  # the embedded corpus has ~65k words; BERT's English vocabularies have ~30k
 PACKINGS = ("full-sentences", "sentence-pairs")
-OBJECTIVES = ("mlm", "electra")
-POSITION_INITS = ("normal", "sinusoidal")
 DOCS = "docs/pretraining.md"  # what was measured, and why the defaults are what they are
 
 # The training recipes: every option a recipe decides, and its value. A field left at None
@@ -131,23 +129,16 @@ class ModelArguments:
     num_attention_heads: int | None = field(default=None, metadata={"help": "attention heads (default: H/64)"})
     intermediate_size: int | None = field(default=None, metadata={"help": "feed-forward width (default: 4H)"})
     max_position_embeddings: int = field(default=512, metadata={"help": "rows of the position table"})
-    hidden_dropout_prob: float | None = field(default=None, metadata={"help": "dropout on hidden states during pretraining (default: from the recipe)"})
+    hidden_dropout_prob: float | None = field(default=None, metadata={"file_only": True, "help": "dropout on hidden states during pretraining (default: from the recipe)"})
     attention_probs_dropout_prob: float | None = field(
-        default=None, metadata={"help": "dropout on attention weights during pretraining (default: from the recipe)"}
-    )
-    position_init: str = field(
-        default="normal",
-        metadata={
-            "choices": POSITION_INITS,
-            "help": "starting values of the learned position table: normal (BERT's N(0, initializer_range)) or sinusoidal "
-            f"(Vaswani et al.'s sines and cosines at the same scale, still learned); what each measured: {DOCS}",
-        },
+        default=None, metadata={"file_only": True, "help": "dropout on attention weights during pretraining (default: from the recipe)"}
     )
     finetune_dropout: float = field(
         default=0.1,
         metadata=_resumable(
             "both dropouts written into the saved model's config.json, i.e. what fine-tuning it uses (BERT's 0.1, "
-            f"whatever the pretraining dropout; see {DOCS})"
+            f"whatever the pretraining dropout; see {DOCS})",
+            file_only=True,
         ),
     )
     tokenizer: str | None = field(
@@ -178,36 +169,18 @@ class DataArguments:
     long_phase: float = field(
         default=0.0,
         metadata={
-            "help": "the last fraction of the run (of --max-steps, or of --time-budget) trained on examples of "
-            "--long-seq-length tokens, so the position table's rows past --max-seq-length are trained for fine-tuning on "
+            "help": "the last fraction of the run (of its steps, or of its time budget) trained on examples of the "
+            "long-phase length, so that the position table's rows beyond max_seq_length are trained for fine-tuning on "
             "longer inputs (BERT: 0.1 at 512); 0: off"
         },
     )
     long_seq_length: int | None = field(
         default=None,
-        metadata={"help": "tokens per example in the --long-phase (default: max_position_embeddings; --max-seq-length itself with --long-batch-size: a larger-batch last phase)"},
-    )
-    long_batch_size: int | None = field(
-        default=None,
-        metadata={"help": "examples per device per forward pass in the --long-phase (default: a regular batch's tokens at --long-seq-length)"},
-    )
-    long_learning_rate: float | None = field(
-        default=None,
-        metadata={
-            "help": "a second learning-rate cycle for the --long-phase: the run's schedule reaches 0 where the phase begins, "
-            "and the phase warms up again to this peak and decays to 0 at the end (default: the run's one schedule runs on)"
-        },
+        metadata={"help": "tokens per example in the --long-phase (default: max_position_embeddings)"},
     )
     short_seq_prob: float = field(default=0.1, metadata={"help": "sentence-pairs: probability of a shorter random target length"})
     dupe_factor: int = field(default=5, metadata={"help": "sentence-pairs: pairings of the training text, each with another seed (BERT used 10)"})
     mlm_probability: float | None = field(default=None, metadata={"help": "fraction of tokens chosen for masking (default: from the recipe)"})
-    mlm_probability_end: float | None = field(
-        default=None,
-        metadata={
-            "help": "a masking-rate schedule: the rate moves linearly from --mlm-probability at the start to this at the end "
-            "of the run (its steps, or its --time-budget); Ankner et al. 2023 went from 0.3 to 0.15 (default: one rate throughout)"
-        },
-    )
     whole_word_mask: bool = field(default=False, metadata={"help": "mask all ## pieces of a word together"})
     mask_replace_prob: float = field(
         default=0.8, metadata={"help": "of the chosen tokens, the share shown as [MASK] (BERT's 80/10/10: 0.8; 1.0 with --random-replace-prob 0: always [MASK])"}
@@ -252,24 +225,9 @@ class TrainingArguments:
         },
     )
     nsp: bool | None = field(default=None, metadata={"help": "train next-sentence prediction (needs --packing sentence-pairs; default: from the recipe)"})
-    objective: str = field(
-        default="mlm",
-        metadata={
-            "choices": OBJECTIVES,
-            "help": "mlm (BERT's masked-language model) or electra (Clark et al. 2020: a small generator fills the masks, "
-            "the model learns to tell which tokens were replaced; the discriminator is saved, the generator in "
-            "generator/; at the budgets measured here far worse than mlm: docs/pretrain-command.md)",
-        },
-    )
-    generator_layers: int | None = field(
-        default=None, metadata={"help": "electra: layers of the generator, of the model's width (default: a quarter of --num-hidden-layers, at least 1)"}
-    )
-    discriminator_weight: float = field(
-        default=50.0, metadata={"help": "electra: weight of the replaced-token-detection loss against the generator's MLM loss (the paper's lambda)"}
-    )
     max_steps: int | None = field(
         default=None,
-        metadata=_resumable(f"optimizer steps to train for (default: {DEFAULT_MAX_STEPS}; with --time-budget: no limit)"),
+        metadata=_resumable(f"optimizer steps to train for (default: {DEFAULT_MAX_STEPS}; under a time budget: no limit)"),
     )
     time_budget: float | None = field(
         default=None,
@@ -283,11 +241,11 @@ class TrainingArguments:
     warmup_ratio: float | None = field(
         default=None, metadata={"help": "fraction of the steps (or of the time budget) spent warming up linearly (default: from the recipe)"}
     )
-    weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay (never on biases or LayerNorm)"})
-    adam_beta1: float = field(default=0.9, metadata={"help": "AdamW beta1"})
-    adam_beta2: float = field(default=0.999, metadata={"help": "AdamW beta2"})
-    adam_epsilon: float = field(default=1e-6, metadata={"help": "AdamW epsilon"})
-    max_grad_norm: float = field(default=1.0, metadata={"help": "gradient clipping norm (0 disables)"})
+    weight_decay: float = field(default=0.01, metadata={"file_only": True, "help": "AdamW weight decay (never on biases or LayerNorm)"})
+    adam_beta1: float = field(default=0.9, metadata={"file_only": True, "help": "AdamW beta1"})
+    adam_beta2: float = field(default=0.999, metadata={"file_only": True, "help": "AdamW beta2"})
+    adam_epsilon: float = field(default=1e-6, metadata={"file_only": True, "help": "AdamW epsilon"})
+    max_grad_norm: float = field(default=1.0, metadata={"file_only": True, "help": "gradient clipping norm (0 disables)"})
     mixed_precision: str | None = field(
         default=None,
         metadata={
@@ -313,7 +271,7 @@ class PretrainConfig(TrainingArguments, DataArguments, ModelArguments, ConfigFil
     """Everything a pretraining run needs; see the module docstring for how it is layered."""
 
     JOB = "pretraining"
-    VERSION = 8  # 1: saves without a version (before `config_version`); 3: streaming, prepared data, long phase; 4: objective; 5: 80/10/10 shares; 6: long-phase batch; 7: its learning rate; 8: masking-rate schedule
+    VERSION = 9  # 1: saves without `config_version`; 9: options measured not to help removed (REMOVED_OPTIONS)
 
     def __post_init__(self) -> None:
         for name, (_, value) in self.unset_values().items():
@@ -326,7 +284,6 @@ class PretrainConfig(TrainingArguments, DataArguments, ModelArguments, ConfigFil
     def unset_values(self) -> dict[str, tuple[str, object]]:
         """For each option that defaults to None, the layer that fills it when it is unset and its value there."""
         hidden = self.hidden_size or preset_geometry(self.preset)["hidden_size"]
-        depth = self.num_hidden_layers or preset_geometry(self.preset)["num_hidden_layers"]
         layers = {
             "default": {
                 "max_steps": DEFAULT_MAX_STEPS if self.time_budget is None else None,
@@ -334,7 +291,6 @@ class PretrainConfig(TrainingArguments, DataArguments, ModelArguments, ConfigFil
                 "mixed_precision": "no" if self.time_budget is None else "auto",
                 "num_proc": available_cores(),
                 "output_dir": str(Path("runs") / self.preset),
-                "generator_layers": max(1, depth // 4) if self.objective == "electra" else None,
             },
             "preset": {**preset_geometry(self.preset), "hidden_size": hidden, **_derived_sizes(hidden)},
             "recipe": recipe_values(self.recipe, self.preset),
@@ -347,7 +303,7 @@ class PretrainConfig(TrainingArguments, DataArguments, ModelArguments, ConfigFil
     def validate(self) -> None:
         """Raise a ScratchBertError naming the bad value and the fix (the model's geometry: `ScratchBertConfig`'s)."""
         for kwargs in (self.model_kwargs(), self.saved_model_kwargs()):
-            ScratchBertConfig(**kwargs)
+            ScratchBertConfig(**kwargs).validate_sizes()
         positive = ("max_seq_length", "dupe_factor", "batch_size", "gradient_accumulation_steps", "keep_last", "log_every", "num_proc")
         for name in positive + (("max_steps",) if self.max_steps is not None else ()):
             value = getattr(self, name)
@@ -366,14 +322,11 @@ class PretrainConfig(TrainingArguments, DataArguments, ModelArguments, ConfigFil
             )
         check_max_seq_length(self.max_seq_length)
         self._validate_long_phase()
-        self._validate_electra()
         if self.time_budget is not None and (
             isinstance(self.time_budget, bool) or not isinstance(self.time_budget, (int, float)) or not 0 < self.time_budget < float("inf")
         ):
             raise ScratchBertError(f"time_budget={self.time_budget!r}: it must be a positive number of minutes (e.g. --time-budget 60).")
-        for name, choices in (
-            ("position_init", POSITION_INITS), ("packing", PACKINGS), ("mixed_precision", MIXED_PRECISION_CHOICES), ("objective", OBJECTIVES)
-        ):  # fmt: skip
+        for name, choices in (("packing", PACKINGS), ("mixed_precision", MIXED_PRECISION_CHOICES)):
             if getattr(self, name) not in choices:
                 raise ScratchBertError(f"{name}={getattr(self, name)!r}: choose one of {', '.join(choices)}.")
         if self.nsp and self.packing == "full-sentences":
@@ -381,7 +334,7 @@ class PretrainConfig(TrainingArguments, DataArguments, ModelArguments, ConfigFil
                 "--nsp with --packing full-sentences makes no sense: packed examples are one stretch of text with no "
                 "second segment whose order could be predicted. Use --packing sentence-pairs for NSP, or --no-nsp."
             )
-        for name in ("mlm_probability", "eval_fraction") + (("mlm_probability_end",) if self.mlm_probability_end is not None else ()):
+        for name in ("mlm_probability", "eval_fraction"):
             if not 0.0 < getattr(self, name) < 1.0:
                 raise ScratchBertError(f"{name}={getattr(self, name)!r}: it must be strictly between 0 and 1.")
         if not (0.0 <= self.mask_replace_prob and 0.0 <= self.random_replace_prob and self.mask_replace_prob + self.random_replace_prob <= 1.0):
@@ -401,47 +354,16 @@ class PretrainConfig(TrainingArguments, DataArguments, ModelArguments, ConfigFil
         if self.resume and self.overwrite:
             raise ScratchBertError("--resume and --overwrite contradict each other: pick one.")
 
-    def _validate_electra(self) -> None:
-        if self.objective == "electra" and self.nsp:
-            raise ScratchBertError(
-                "--objective electra with NSP: next-sentence prediction is not part of ELECTRA, whose discriminator "
-                "learns from replaced tokens alone. Use --recipe packed (the default), or add --no-nsp."
-            )
-        layers = self.generator_layers
-        if layers is not None and (isinstance(layers, bool) or not isinstance(layers, int) or not 1 <= layers <= self.num_hidden_layers):
-            raise ScratchBertError(
-                f"generator_layers={layers!r}: the generator needs 1 to num_hidden_layers={self.num_hidden_layers} layers "
-                "(ELECTRA's generator is smaller than its discriminator). Set --generator-layers in that range."
-            )
-        weight = self.discriminator_weight
-        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 < weight < float("inf"):
-            raise ScratchBertError(f"discriminator_weight={weight!r}: it must be a positive number (the paper's is 50). Set --discriminator-weight.")
-
     def _validate_long_phase(self) -> None:
         if not 0.0 <= self.long_phase < 1.0:
             raise ScratchBertError(f"long_phase={self.long_phase!r}: it must be in [0, 1) (a fraction of the run; 0 turns it off).")
-        batch, rate = self.long_batch_size, self.long_learning_rate
         if not self.long_phase:
-            if batch is not None:
-                raise ScratchBertError(f"long_batch_size={batch!r} is the --long-phase's batch, and there is no long phase: add --long-phase (e.g. 0.1).")
-            if rate is not None:
-                raise ScratchBertError(f"long_learning_rate={rate!r} is the --long-phase's learning rate, and there is no long phase: add --long-phase (e.g. 0.1).")
             return
-        if rate is not None and (isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 < rate < float("inf")):
-            raise ScratchBertError(f"long_learning_rate={rate!r}: it must be a positive number (the peak of the phase's cycle). Set --long-learning-rate.")
         long = self.long_seq_length or self.max_position_embeddings
-        if batch is not None and (isinstance(batch, bool) or not isinstance(batch, int) or batch < 1):
-            raise ScratchBertError(f"long_batch_size={batch!r}: it must be a positive number of examples. Set --long-batch-size.")
-        # on the same examples, a larger (or smaller) batch or a restarted learning rate still changes something
-        same_length_allowed = (batch is not None and batch != self.batch_size) or rate is not None
-        shortest = self.max_seq_length if same_length_allowed else self.max_seq_length + 1
-        if not shortest <= long <= self.max_position_embeddings:
-            at_least = "at least" if same_length_allowed else "longer than"
+        if not self.max_seq_length < long <= self.max_position_embeddings:
             raise ScratchBertError(
-                f"long_seq_length={long}: it must be {at_least} max_seq_length={self.max_seq_length} and at most "
-                f"max_position_embeddings={self.max_position_embeddings}. Set --long-seq-length in that range "
-                "(the same length only with a --long-batch-size other than --batch-size or with --long-learning-rate, "
-                "or the phase would change nothing)."
+                f"long_seq_length={long}: it must be longer than max_seq_length={self.max_seq_length} and at most "
+                f"max_position_embeddings={self.max_position_embeddings}. Set --long-seq-length in that range."
             )
         if self.streaming or self.prepared_data:
             raise ScratchBertError("--long-phase builds a second set of examples from the corpus: not with --streaming or --prepared-data.")
@@ -468,32 +390,21 @@ class PretrainConfig(TrainingArguments, DataArguments, ModelArguments, ConfigFil
         return upgrade_saved_config(values)
 
 
-# Saves without a version (version 1) predate these options; each held the value such a run
-# trained with. The recipe's options go together: a version-1 save that names no recipe trained
-# MLM + NSP on sentence pairs (the paper's structure), one that names it holds all three.
-_VERSION_1_VALUES = {
-    "recipe": "paper", "nsp": True, "packing": "sentence-pairs", "time_budget": None,
-    "finetune_dropout": 0.1, "adam_beta1": 0.9, "adam_beta2": 0.999, "position_init": "normal",
-    "num_proc": None,  # bookkeeping (resumable): None takes this machine's default
+# A save without `config_version` (version 1) held every option but these, and trained the
+# paper's recipe (MLM + NSP on sentence pairs); the others it lacks read as their defaults.
+_NOT_IN_VERSION_1 = frozenset({
+    "recipe", "nsp", "packing", "time_budget", "finetune_dropout", "adam_beta1", "adam_beta2", "num_proc", "streaming",
+    "prepared_data", "long_phase", "long_seq_length", "mask_replace_prob", "random_replace_prob",
+})  # fmt: skip
+VERSION_1_RECIPE = "paper"
+# Options measured not to help and removed (docs/experiments.md), with the value that meant "off"
+# (ANY: every value trained the same model). A save that used one is refused; one that left it off loads.
+ANY = object()
+REMOVED_OPTIONS = {
+    "objective": "mlm", "generator_layers": None, "discriminator_weight": ANY, "position_init": "normal",
+    "mlm_probability_end": None, "long_batch_size": None, "long_learning_rate": None,
 }  # fmt: skip
-
-
-# Options added by a later version, with the value every run saved before it trained with.
-_ADDED_IN_VERSION = {
-    3: {"streaming": False, "prepared_data": None, "long_phase": 0.0, "long_seq_length": None},
-    4: {"objective": "mlm", "generator_layers": None, "discriminator_weight": 50.0},
-    5: {"mask_replace_prob": 0.8, "random_replace_prob": 0.1},
-    6: {"long_batch_size": None},
-    7: {"long_learning_rate": None},
-    8: {"mlm_probability_end": None},
-}
-
-
-def _with_added_options(values: dict, version: int) -> dict:
-    for added, before in _ADDED_IN_VERSION.items():
-        if version < added:
-            values = {**before, **values}
-    return values
+REMOVED_AT = "9a075dd"  # the last commit that has them
 
 
 def resumable_options() -> frozenset[str]:
@@ -507,34 +418,38 @@ def resumable_options() -> frozenset[str]:
 def upgrade_saved_config(values: dict) -> dict:
     """A saved or hand-written configuration in today's terms (without its `config_version`).
 
-    A mapping with a version is today's format. One without is either a complete version-1
-    save (it holds every option a version-1 save always held): it gets `_VERSION_1_VALUES` for
-    the options it lacks, so its run loads, compares and resumes as it trained; or partial
-    (flags, a hand-written file), which is in today's terms already: `--mlm-probability 0.4`
-    alone keeps the default recipe.
+    An option it lacks takes its default, as for any configuration. A complete save without a
+    version (every option but `_NOT_IN_VERSION_1`: a run from before `config_version`) trained
+    the paper's recipe and is read so; a partial mapping without one (flags, a hand-written
+    file) is in today's terms already. Refused: a save newer than this package, and one that
+    used a removed option (`REMOVED_OPTIONS`).
     """
     values = dict(values)
     version = values.pop("config_version", None)
-    if version is not None:
-        if version > PretrainConfig.VERSION:
+    if version is not None and version > PretrainConfig.VERSION:
+        raise ScratchBertError(
+            f"this configuration was saved by a newer scratchbert (config_version {version}, this one reads up to "
+            f"{PretrainConfig.VERSION}): upgrade scratchbert."
+        )
+    for name, off in REMOVED_OPTIONS.items():
+        value = values.pop(name, off)
+        if off is not ANY and value != off:
             raise ScratchBertError(
-                f"this configuration was saved by a newer scratchbert (config_version {version}, this one reads up to "
-                f"{PretrainConfig.VERSION}): upgrade scratchbert."
+                f"{name}={value!r} was removed from scratchbert (measured not to help: docs/experiments.md); drop it to "
+                f"train without it, or continue this run with the commit that has it (git checkout {REMOVED_AT})."
             )
-        return _with_added_options(values, version)
-    added = {name for options in _ADDED_IN_VERSION.values() for name in options}
-    always_saved = {f.name for f in dataclasses.fields(PretrainConfig)} - set(_VERSION_1_VALUES) - added
-    if not always_saved <= set(values):
-        return values
-    return _with_added_options({**_VERSION_1_VALUES, **values}, 1)
+    always_saved = {f.name for f in dataclasses.fields(PretrainConfig)} - _NOT_IN_VERSION_1
+    if version is None and always_saved <= set(values):
+        values.setdefault("recipe", VERSION_1_RECIPE)
+    return values
 
 
 __all__ = [
     "DataArguments",
     "ModelArguments",
-    "OBJECTIVES",
     "PRESETS",
     "PretrainConfig",
+    "REMOVED_OPTIONS",
     "RECIPES",
     "TrainingArguments",
     "preset_geometry",

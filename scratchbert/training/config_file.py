@@ -1,7 +1,7 @@
 """Run configurations as dataclasses: YAML/JSON files, command-line flags, and where each value came from.
 
 A run configuration (`PretrainConfig`, `FinetuneConfig`) is a dataclass whose fields carry
-`metadata={"help": ...}` (and optionally "choices", "flag", "metavar", "positional").
+`metadata={"help": ...}` (and optionally "choices", "flag", "metavar", "positional", "file_only").
 `add_config_arguments` turns the fields into flags, grouped by the dataclass that declares
 them (as transformers' example scripts group model, data and training arguments);
 `config_from_args` layers the flags the user typed over a `--config` file. This module knows
@@ -128,18 +128,23 @@ def _groups(parser: argparse.ArgumentParser, config_class: type) -> dict[str, ar
     return groups
 
 
-def add_config_arguments(parser: argparse.ArgumentParser, config_class: type) -> None:
+def add_config_arguments(parser: argparse.ArgumentParser, config_class: type, only: frozenset[str] | None = None) -> None:
     """One flag per field of `config_class`, plus `--config FILE`.
 
     A field's metadata gives its help text, and optionally "choices", "flag" (its flag name
-    when it is not the field's) and "positional". Flags default to `argparse.SUPPRESS`, so
-    the parsed namespace holds only what the user typed; `config_from_args` layers those
-    over the file and the configuration's own defaults.
+    when it is not the field's), "positional" and "file_only" (no flag: set in the --config file,
+    as rarely changed optimiser constants are). `only`: the fields that get a flag (a command
+    that takes a few of the configuration's options; "file_only" does not apply then). Flags
+    default to `argparse.SUPPRESS`, so the parsed namespace holds only what the user typed;
+    `config_from_args` layers those over the file and the configuration's own defaults.
     """
-    parser.add_argument("--config", metavar="FILE", help="YAML or JSON file of options (flags override it)")
+    fields = [f for f in dataclasses.fields(config_class) if (f.name in only if only is not None else not f.metadata.get("file_only"))]
+    file_only = [f.name for f in dataclasses.fields(config_class) if f not in fields and f.metadata.get("file_only")]
+    more = f"; also sets the options without a flag: {', '.join(file_only)}" if file_only and only is None else ""
+    parser.add_argument("--config", metavar="FILE", help=f"YAML or JSON file of options (flags override it){more}")
     hints = typing.get_type_hints(config_class)
     groups = _groups(parser, config_class)
-    for f in dataclasses.fields(config_class):
+    for f in fields:
         kind, meta = hints[f.name], f.metadata
         help_text = meta.get("help", "")
         if f.default not in (dataclasses.MISSING, None) and "default" not in help_text:

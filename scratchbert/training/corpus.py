@@ -278,9 +278,7 @@ def _collate(config: PretrainConfig, tokenizer, seed: int, evaluation: bool = Fa
     collator = DataCollatorForPretraining(tokenizer, whole_word_mask=config.whole_word_mask, **masking)
     # Without NSP the model takes no next_sentence_label (sentence pairs still carry one).
     inputs = MODEL_INPUTS if config.nsp else tuple(name for name in MODEL_INPUTS if name != "next_sentence_label")
-    # --mlm-probability-end: the rate depends on the step, so the training loop masks (`SeededCollator.mask`).
-    defer = not evaluation and config.mlm_probability_end is not None
-    return SeededCollator(collator, seed, model_inputs=inputs, defer_masking=defer)
+    return SeededCollator(collator, seed, model_inputs=inputs)
 
 
 def _shuffled_loader(config: PretrainConfig, dataset: datasets.Dataset, collate: SeededCollator, batch_size: int, seed: int) -> DataLoader:
@@ -316,8 +314,8 @@ def make_dataloaders(config: PretrainConfig, tokenizer, train_dataset, eval_data
 
 
 def make_long_loader(config: PretrainConfig, tokenizer, long_dataset: datasets.Dataset) -> tuple[DataLoader, SeededCollator]:
-    """--long-phase: batches of long examples, --long-batch-size of them or about the tokens of a regular batch (BERT kept 256 examples of 512)."""
+    """--long-phase: batches of long examples, about the tokens of a regular batch (BERT kept 256 examples of 512)."""
     long_length = config.long_seq_length or config.max_position_embeddings
-    batch_size = config.long_batch_size or max(1, config.batch_size * config.max_seq_length // long_length)
+    batch_size = max(1, config.batch_size * config.max_seq_length // long_length)
     collate = _collate(config, tokenizer, config.seed + 2)
     return _shuffled_loader(config, long_dataset, collate, batch_size, config.seed + 2), collate

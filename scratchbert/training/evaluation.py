@@ -3,15 +3,6 @@
 The MLM head runs only where a label is (the model's sparse MLM logits: `labelled_tokens`, then
 `mlm_logits`), so evaluation costs (N, V) scores instead of (B, S, V).
 
-An ELECTRA model (`electra.py`) reports its generator's MLM figures under the same names, plus
-`rtd_accuracy` (the discriminator's replaced-token detection over real tokens),
-`replaced_fraction` (the share of real tokens the generator's samples changed) and `rtd_auc`
-(how often a replaced token's logit is above an original token's: 0.5 is chance). The AUC shows
-what accuracy hides: a discriminator whose logits all stay below 0 scores exactly the accuracy of
-answering "original" everywhere, however well it ranks (docs/pretraining.md). Its samples come
-from a generator seeded afresh at every evaluation: the figures are deterministic, and the
-training run's random stream is left untouched.
-
 Next to the model's accuracy stands that of a guess that reads no context,
 `context_free_accuracy`: at each scored position, the token shown there when the collator left
 one (its 10% "keep"), else the most frequent target. A small model first learns exactly that
@@ -30,16 +21,10 @@ from accelerate import Accelerator
 
 from scratchbert.bert_padding import labelled_tokens
 from scratchbert.modeling_scratchbert import IGNORE_INDEX
-from scratchbert.training.electra import ElectraForPretraining
 
 EVAL_MLM_PROBABILITY = 0.15  # held-out MLM accuracy is always measured at BERT's masking rate
-EVAL_SAMPLING_SEED = 0  # ELECTRA: the generator's samples during evaluation
 # The per-example columns that `_per_example_counts` returns, in order.
-COUNTS = ("mlm_loss_sum", "masked", "mlm_correct", "nsp_correct", "examples", "real_tokens", "rtd_correct", "replaced", "shown")
-# ELECTRA's AUC: the discriminator's logits binned over [-AUC_LOGIT_RANGE, AUC_LOGIT_RANGE] (the
-# outermost bins take the rest), so each process sums histograms instead of gathering every logit.
-AUC_LOGIT_RANGE = 12.0
-AUC_BINS = 2400  # 0.01 of a logit per bin
+COUNTS = ("mlm_loss_sum", "masked", "mlm_correct", "nsp_correct", "examples", "shown")
 
 
 @torch.no_grad()
@@ -53,41 +38,27 @@ def evaluate(model, eval_loader, accelerator: Accelerator, mask_token_id: int | 
     """
     model.eval()
     unwrapped = accelerator.unwrap_model(model)
-    electra = isinstance(unwrapped, ElectraForPretraining)
-    sampling = torch.Generator(device=accelerator.device).manual_seed(EVAL_SAMPLING_SEED) if electra else None
     totals = torch.zeros(len(COUNTS), dtype=torch.float64, device=accelerator.device)
     masked_targets = torch.zeros(unwrapped.config.vocab_size, dtype=torch.float64, device=accelerator.device)  # (V,) at [MASK]
-    logit_histograms = torch.zeros(2, AUC_BINS, dtype=torch.float64, device=accelerator.device)  # ELECTRA: (original, replaced)
     has_nsp = False
     for batch in eval_loader:
         labels = batch["labels"]
         has_nsp = "next_sentence_label" in batch
         inputs = {name: batch[name] for name in ("input_ids", "attention_mask", "token_type_ids")}
-        rtd = None
         with accelerator.autocast():
-            if electra:
-                output = unwrapped(**inputs, labels=labels, sampling_generator=sampling)
-                logits, rtd = output.generator_logits.float(), (output.discriminator_logits, output.replaced)  # (N, V); (B, S) each
-                targets = labels[labels != IGNORE_INDEX]  # (N,), row-major as the logits
-            else:
-                encoded = unwrapped.base_model(**inputs)
-                hidden, targets = labelled_tokens(encoded.last_hidden_state, labels, IGNORE_INDEX)  # (N, H), (N,)
-                logits = unwrapped.mlm_logits(hidden, None)[0].float()  # (N, V): in eval mode the head scores what it is given
+            encoded = unwrapped.base_model(**inputs)
+            hidden, targets = labelled_tokens(encoded.last_hidden_state, labels, IGNORE_INDEX)  # (N, H), (N,)
+            logits = unwrapped.mlm_logits(hidden, None)[0].float()  # (N, V): in eval mode the head scores what it is given
             nsp_logits = unwrapped.cls.seq_relationship(encoded.pooler_output) if has_nsp else None  # (B, 2)
-        per_example = _per_example_counts(
-            labels, logits, targets, nsp_logits, batch.get("next_sentence_label"), batch["attention_mask"], rtd, inputs["input_ids"]
-        )
+        per_example = _per_example_counts(labels, logits, targets, nsp_logits, batch.get("next_sentence_label"), inputs["input_ids"])
         totals += accelerator.gather_for_metrics(per_example).sum(dim=0)
         shown = inputs["input_ids"][labels != IGNORE_INDEX]  # (N,): what the input holds at each scored position
         at_mask = shown == mask_token_id if mask_token_id is not None else shown != targets  # (N,)
         masked_targets += torch.bincount(targets[at_mask], minlength=masked_targets.numel()).double()
-        if rtd is not None:
-            logit_histograms += logit_histogram(*rtd, batch["attention_mask"])
     model.train()
     # Summed over processes: an uneven last batch repeats at most num_processes - 1 examples here
     # (gather_for_metrics drops them from the other figures); the mode it picks does not change.
     masked_targets = accelerator.reduce(masked_targets, reduction="sum")
-    logit_histograms = accelerator.reduce(logit_histograms, reduction="sum")
     total = dict(zip(COUNTS, totals.tolist()))
     n_masked = max(total["masked"], 1.0)
     mlm_loss = total["mlm_loss_sum"] / n_masked
@@ -101,34 +72,7 @@ def evaluate(model, eval_loader, accelerator: Accelerator, mask_token_id: int | 
     }
     if has_nsp:
         metrics["nsp_accuracy"] = total["nsp_correct"] / max(total["examples"], 1.0)
-    if electra:
-        metrics["rtd_accuracy"] = total["rtd_correct"] / max(total["real_tokens"], 1.0)
-        metrics["replaced_fraction"] = total["replaced"] / max(total["real_tokens"], 1.0)
-        metrics["rtd_auc"] = binned_auc(logit_histograms)
     return metrics
-
-
-def logit_histogram(logits: torch.Tensor, replaced: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
-    """The discriminator's logits over real tokens, counted in AUC_BINS bins: row 0 original tokens, row 1 replaced.
-
-    logits, replaced, attention_mask: (B, S) each (no mask: every token is real). Returns (2, AUC_BINS).
-    """
-    real = attention_mask.bool() if attention_mask is not None else torch.ones_like(replaced)  # (B, S)
-    scaled = (logits.float().clamp(-AUC_LOGIT_RANGE, AUC_LOGIT_RANGE) + AUC_LOGIT_RANGE) / (2 * AUC_LOGIT_RANGE)  # (B, S), in [0, 1]
-    bins = (scaled * AUC_BINS).long().clamp_(max=AUC_BINS - 1)  # (B, S)
-    index = replaced.long() * AUC_BINS + bins  # (B, S): row-major into the (2, AUC_BINS) table
-    return torch.bincount(index[real], minlength=2 * AUC_BINS).double().view(2, AUC_BINS)
-
-
-def binned_auc(histograms: torch.Tensor) -> float | None:
-    """The chance that a replaced token's logit is above an original one's (Mann-Whitney U / pairs), from
-    `logit_histogram`'s counts (2, bins): a pair in one bin counts a half. None with no tokens of either kind."""
-    original, replaced = histograms.double()  # (bins,) each
-    pairs = original.sum() * replaced.sum()
-    if pairs == 0:
-        return None
-    below = original.cumsum(0) - original  # (bins,): original tokens in lower bins
-    return ((replaced * (below + 0.5 * original)).sum() / pairs).item()
 
 
 # How far above the context-free guess held-out MLM accuracy must be to count as reading context
@@ -139,27 +83,14 @@ PLATEAU_MARGIN = 0.02
 def plateau_report(metrics: dict) -> str | None:
     """A warning when held-out evaluation says the model has not learned to read context yet, else None.
 
-    MLM: its accuracy is within PLATEAU_MARGIN of `context_free_accuracy`. ELECTRA, whose MLM
-    figures are its generator's (small by design): the discriminator is within PLATEAU_MARGIN of
-    answering "original" for every token.
+    Its accuracy is within PLATEAU_MARGIN of `context_free_accuracy`.
     """
-    if "rtd_accuracy" in metrics:
-        everything_original = 1.0 - metrics["replaced_fraction"]
-        if metrics["rtd_accuracy"] >= everything_original + PLATEAU_MARGIN:
-            return None
-        problem = (
-            f"its replaced-token detection accuracy {metrics['rtd_accuracy']:.3f} is not clearly above that of answering \"original\" "
-            f"for every token ({everything_original:.3f})"
-        )
-        if metrics.get("rtd_auc") is not None:
-            problem += f"; it ranks a replaced token above an original one {metrics['rtd_auc']:.2f} of the time (0.5 is chance)"
-    else:
-        if "context_free_accuracy" not in metrics or metrics["mlm_accuracy"] >= metrics["context_free_accuracy"] + PLATEAU_MARGIN:
-            return None
-        problem = (
-            f"its held-out MLM accuracy {metrics['mlm_accuracy']:.3f} is not clearly above that of a guess from word frequencies alone "
-            f"({metrics['context_free_accuracy']:.3f})"
-        )
+    if "context_free_accuracy" not in metrics or metrics["mlm_accuracy"] >= metrics["context_free_accuracy"] + PLATEAU_MARGIN:
+        return None
+    problem = (
+        f"its held-out MLM accuracy {metrics['mlm_accuracy']:.3f} is not clearly above that of a guess from word frequencies alone "
+        f"({metrics['context_free_accuracy']:.3f})"
+    )
     return (
         f"the model has not yet learned to read context: {problem}. Fine-tuning such a model can score below a "
         "randomly initialised one (docs/pretraining.md). Train longer (--time-budget, --max-steps), or pick a "
@@ -167,27 +98,17 @@ def plateau_report(metrics: dict) -> str | None:
     )
 
 
-def _per_example_counts(labels, logits, targets, nsp_logits, nsp_labels, attention_mask, rtd, input_ids) -> torch.Tensor:
-    """(B, len(COUNTS)) per example, the columns of `COUNTS`.
-
-    `rtd`: ELECTRA's discriminator logits and replaced-token targets, (B, S) each, or None
-    (then its three columns are 0). `shown`: scored positions whose input is the target itself.
-    """
+def _per_example_counts(labels, logits, targets, nsp_logits, nsp_labels, input_ids) -> torch.Tensor:
+    """(B, len(COUNTS)) per example, the columns of `COUNTS`. `shown`: scored positions whose input is the target itself."""
     masked = labels != IGNORE_INDEX  # (B, S)
     row = torch.nonzero(masked)[:, 0]  # (N,) the example each scored token belongs to, row-major as `targets`
     token_loss = F.cross_entropy(logits, targets, reduction="none")  # (N,)
     hits = (logits.argmax(dim=-1) == targets).double()  # (N,)
     zeros = torch.zeros(labels.shape[0], dtype=torch.float64, device=labels.device)  # (B,)
     nsp_correct = (nsp_logits.argmax(dim=-1) == nsp_labels).double() if nsp_logits is not None else zeros
-    real = attention_mask.bool()  # (B, S)
-    rtd_correct = replaced = zeros
-    if rtd is not None:
-        rtd_logits, rtd_targets = rtd
-        rtd_correct = (((rtd_logits > 0) == rtd_targets) & real).sum(dim=1).double()
-        replaced = (rtd_targets & real).sum(dim=1).double()
     columns = [
         zeros.index_add(0, row, token_loss.double()), masked.sum(dim=1).double(), zeros.index_add(0, row, hits), nsp_correct,
-        torch.ones_like(zeros), real.sum(dim=1).double(), rtd_correct, replaced, (masked & (input_ids == labels)).sum(dim=1).double(),
+        torch.ones_like(zeros), (masked & (input_ids == labels)).sum(dim=1).double(),
     ]  # fmt: skip
     return torch.stack(columns, dim=1)  # (B, len(COUNTS))
 

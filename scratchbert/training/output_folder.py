@@ -8,7 +8,6 @@
       kernel_decisions.json  the CPU kernel each matrix product runs on (`cpu_gemm.decisions_kept_in`):
                              a resumed or overwriting run on this machine takes them instead of timing again
       config.json, model.safetensors, the tokenizer's files, training_curves.png: the finished model
-      generator/             with --objective electra: the generator (the model above is the discriminator)
       .scratchbert.lock      while a run writes here: which process holds the folder (`folder_lock.py`)
 """
 
@@ -23,7 +22,6 @@ from scratchbert.errors import ScratchBertError
 from scratchbert.training import checkpoint as ckpt
 from scratchbert.training.config import PretrainConfig
 from scratchbert.training.corpus import TOKENIZER_DIR
-from scratchbert.training.electra import GENERATOR_DIR, ElectraForPretraining
 from scratchbert.training.folder_lock import OutputDirLock
 
 LOG_FILE = "train_log.jsonl"
@@ -102,7 +100,6 @@ def prepare_output_dir(config: PretrainConfig, accelerator: Accelerator, tokeniz
     if accelerator.is_main_process:
         if config.overwrite:
             shutil.rmtree(output_dir / ckpt.CHECKPOINTS, ignore_errors=True)
-            shutil.rmtree(output_dir / GENERATOR_DIR, ignore_errors=True)
             for name in FINAL_FILES:
                 (output_dir / name).unlink(missing_ok=True)
         config.save(output_dir / RUN_CONFIG_FILE)
@@ -117,28 +114,12 @@ def save_final_model(accelerator: Accelerator, model, tokenizer, output_dir: Pat
     The saved config carries `finetune_dropout` as both dropout rates: dropout is a training
     choice, and whoever loads the model next fine-tunes it. (The packed recipe pretrains
     without dropout, as Cramming does, and like Cramming turns it back on for fine-tuning.)
-
-    An ELECTRA model is saved as two ordinary checkpoints: the discriminator, a
-    `ScratchBertModel`, in `output_dir` (what fine-tuning and `export-bert` read), and the
-    generator, a `ScratchBertForMaskedLM`, with the tokenizer in `output_dir/generator`
-    (what `fill-mask` reads). The replaced-token-detection head stays in the checkpoints only.
     """
     accelerator.wait_for_everyone()
     unwrapped = accelerator.unwrap_model(model)
     state_dict = accelerator.get_state_dict(model)
-    if isinstance(unwrapped, ElectraForPretraining):
-        for name, folder in (("discriminator", output_dir), ("generator", output_dir / GENERATOR_DIR)):
-            prefix = f"{name}."
-            part = {key[len(prefix) :]: value for key, value in state_dict.items() if key.startswith(prefix)}
-            _save_pretrained(accelerator, getattr(unwrapped, name), part, tokenizer, folder, finetune_dropout)
-    else:
-        _save_pretrained(accelerator, unwrapped, state_dict, tokenizer, output_dir, finetune_dropout)
-    accelerator.wait_for_everyone()
-
-
-def _save_pretrained(accelerator: Accelerator, model, state_dict: dict, tokenizer, folder: Path, finetune_dropout: float) -> None:
-    """One model's `save_pretrained` (its config with the fine-tuning dropout) and the tokenizer, from the main process."""
-    model.config.hidden_dropout_prob = model.config.attention_probs_dropout_prob = finetune_dropout
-    model.save_pretrained(folder, is_main_process=accelerator.is_main_process, save_function=accelerator.save, state_dict=state_dict)
+    unwrapped.config.hidden_dropout_prob = unwrapped.config.attention_probs_dropout_prob = finetune_dropout
+    unwrapped.save_pretrained(output_dir, is_main_process=accelerator.is_main_process, save_function=accelerator.save, state_dict=state_dict)
     if accelerator.is_main_process:
-        tokenizer.save_pretrained(folder)
+        tokenizer.save_pretrained(output_dir)
+    accelerator.wait_for_everyone()

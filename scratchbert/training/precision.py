@@ -38,8 +38,8 @@ def training_rates(
 ) -> dict[str, float] | None:
     """Tokens per second of a pretraining step on this CPU, per `--mixed-precision` value ("no", "bf16").
 
-    A throwaway copy of the run's model (`make_model()`: `models.pretraining_model`'s MLM, NSP or
-    ELECTRA model, whose steps differ in cost), on random tokens of the run's batch shape
+    A throwaway copy of the run's model (`make_model()`: `models.pretraining_model`'s MLM or NSP
+    model, whose steps differ in cost), on random tokens of the run's batch shape
     (`batch_size` x `seq_length`, `masking_rate` of them predicted, as the run's masks predict;
     random sentence-pair labels for a model with an NSP head): forward under the precision's
     autocast, backward, fused AdamW. Each precision runs `warmup` untimed steps (cpu_gemm times
@@ -64,7 +64,7 @@ def training_rates(
         started = time.perf_counter()
         for _ in range(count):
             with torch.random.fork_rng(devices=[]), torch.autocast("cpu", dtype=dtype or torch.bfloat16, enabled=dtype is not None):
-                loss = model(**batch).loss  # dropout (and ELECTRA's samples) draw from a forked stream
+                loss = model(**batch).loss  # dropout draws from a forked stream
             loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)

@@ -34,6 +34,10 @@ SPLITS = {"train": "train", "held-out": "held-out"}
 DATA_OPTIONS = ("packing", "nsp", "max_seq_length")
 # How they were made (recorded; a run on them may use another seed for its weights, order and masks).
 MADE_WITH = ("recipe", "short_seq_prob", "dupe_factor", "eval_fraction", "max_eval_examples", "seed", "lowercase", "vocab_size", "tokenizer")
+# The options of `scratchbert prepare-data`: what shapes the examples, where they come from and go (not the model's).
+PREPARE_OPTIONS = frozenset(
+    DATA_OPTIONS + MADE_WITH + ("train_files", "dataset", "text_column", "num_proc", "output_dir", "overwrite", "progress_bar")
+)
 
 
 def prepared_options(config: PretrainConfig) -> dict:
@@ -130,4 +134,4 @@ def prepare_data(config: PretrainConfig) -> Path:
     return folder
 
 
-__all__ = ["DATA_OPTIONS", "PREPARED_FILE", "check_options", "load_prepared", "prepare_data", "prepared_options", "read_manifest", "save_prepared"]
+__all__ = ["DATA_OPTIONS", "PREPARED_FILE", "PREPARE_OPTIONS", "check_options", "load_prepared", "prepare_data", "prepared_options", "read_manifest", "save_prepared"]

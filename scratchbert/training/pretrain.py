@@ -12,8 +12,7 @@ One loop, the same on a laptop core or a cluster, written with Hugging Face Acce
                  and the example datasets (`corpus.py`) are built and checked *before* the output
                  folder is touched (a bad input never damages a finished run); then the folder is
                  prepared (`output_folder.py`), and the model (`models.py`: `ScratchBertForMaskedLM`,
-                 or with NSP `ScratchBertForPreTraining`, or with `--objective electra` a generator and
-                 a discriminator: `electra.py`), AdamW and the schedule (over steps or, with
+                 or with NSP `ScratchBertForPreTraining`), AdamW and the schedule (over steps or, with
                  `--time-budget`, over elapsed training time: `schedules.py`) are made and `prepare`d.
                  The recipe (config.RECIPES) decides what the examples are: contiguous
                  text packed to full length (`packed`, the default) or NSP sentence pairs
@@ -35,8 +34,7 @@ Exact resumption needs every random draw to be reproducible from the checkpoint:
   - MLM masks: drawn by the collator from a generator seeded by (seed, epoch, example
     indices) — not from the global stream, because the DataLoader prepares the next batch
     before the current step runs, which would interleave mask and dropout draws
-    differently in a resumed run (`collator.SeededCollator`). With a masking-rate schedule
-    (`--mlm-probability-end`) the loop applies them, at the rate of the step (`Run.masking_rate`).
+    differently in a resumed run (`collator.SeededCollator`).
 """
 
 from __future__ import annotations
@@ -63,7 +61,6 @@ from scratchbert.training.collator import SeededCollator
 from scratchbert.training.config import PretrainConfig
 from scratchbert.training.corpus import build_data, check_vocabulary, make_dataloaders, make_long_loader
 from scratchbert.training.data import progress_bars
-from scratchbert.training.electra import GENERATOR_DIR
 from scratchbert.training.evaluation import evaluate, held_out_passages, plateau_report, weight_checksum
 from scratchbert.training.folder_lock import OutputDirLock
 from scratchbert.training.models import pretraining_model
@@ -89,16 +86,15 @@ DEMO_SENTENCES = (
 # ---------------------------------------------------------------------------------------------
 # 1. The model
 # ---------------------------------------------------------------------------------------------
-def build_model(config: PretrainConfig, tokenizer, vocab_size: int, model_class=None, config_class=None):
+def build_model(config: PretrainConfig, tokenizer, vocab_size: int):
     """A freshly initialised pretraining model of `vocab_size` tokens, checked against the tokenizer.
 
-    Which model a run trains (the MLM head alone, with NSP, or ELECTRA's pair) is
-    `models.pretraining_model`'s choice; the precision trial builds its throwaway copy there too.
+    Which model a run trains (the MLM head alone, or with NSP) is `models.pretraining_model`'s
+    choice; the precision trial builds its throwaway copy there too.
     """
-    config_class = config_class or ScratchBertConfig
-    model_config = config_class(vocab_size=vocab_size, pad_token_id=tokenizer.pad_token_id, **config.model_kwargs())
+    model_config = ScratchBertConfig(vocab_size=vocab_size, pad_token_id=tokenizer.pad_token_id, **config.model_kwargs())
     check_vocabulary(tokenizer, model_config)
-    return pretraining_model(config, model_config, model_class)
+    return pretraining_model(config, model_config)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -169,17 +165,6 @@ class Run:
         """The loader and collator of the phase the run is in."""
         return (self.long_loader, self.long_collate) if self.position.phase else (self.train_loader, self.train_collate)
 
-    def progress(self) -> float:
-        """How far through the run it is, 0 to 1: of its time budget, else of its steps."""
-        if self.config.time_budget is not None:
-            return min(self.position.training_seconds / (60.0 * self.config.time_budget), 1.0)
-        return min(self.position.step / self.config.max_steps, 1.0)
-
-    def masking_rate(self) -> float:
-        """--mlm-probability-end: the rate of the next step, on the line from --mlm-probability to it."""
-        start, end = self.config.mlm_probability, self.config.mlm_probability_end
-        return start if end is None else start + (end - start) * self.progress()
-
     def done(self) -> bool:
         return (self.config.max_steps is not None and self.position.step >= self.config.max_steps) or self.out_of_time()
 
@@ -190,11 +175,11 @@ class PretrainResult:
     steps: int
     eval_metrics: dict
     seconds: float
-    masked_lm_dir: Path  # the saved masked-language model: output_dir, or with ELECTRA its generator/
+    masked_lm_dir: Path  # the saved masked-language model: output_dir
     held_out_passages: list[tuple[str, str]]  # held-out text with a word hidden, and the word (`held_out_passages`)
 
 
-def setup(config: PretrainConfig, lock: OutputDirLock, model_class=None, config_class=None) -> tuple[Run, dict | None]:
+def setup(config: PretrainConfig, lock: OutputDirLock) -> tuple[Run, dict | None]:
     """Step 1: build everything, checking the inputs before the output folder is touched.
 
     `lock` is claimed first if the folder exists (no other run may write there meanwhile), else
@@ -226,10 +211,10 @@ def setup(config: PretrainConfig, lock: OutputDirLock, model_class=None, config_
         vocab_size = config.vocab_size
     else:
         vocab_size = len(tokenizer)
-    model = build_model(config, tokenizer, vocab_size, model_class, config_class)
+    model = build_model(config, tokenizer, vocab_size)
     if asked_precision == "bf16" and accelerator.device.type == "cpu" and accelerator.is_main_process and resume_state is None:
         # bf16 is not faster on every CPU that has bf16 instructions: a few timed steps say (precision.py)
-        trial_model = partial(pretraining_model, config, model.config, model_class)  # a throwaway copy, already checked
+        trial_model = partial(pretraining_model, config, model.config)  # a throwaway copy, already checked
         warn_if_fp32_is_faster(trial_model, config.batch_size, config.max_seq_length, config.mlm_probability)
 
     # Everything is known to be good: only now is the folder cleared (--overwrite) and written.
@@ -242,11 +227,7 @@ def setup(config: PretrainConfig, lock: OutputDirLock, model_class=None, config_
         betas=(config.adam_beta1, config.adam_beta2),
         eps=config.adam_epsilon,
     )
-    restart = None  # --long-learning-rate: where the phase begins (as `Run.long_phase_due` finds it), and its peak
-    if config.long_learning_rate is not None:
-        start = 1.0 - config.long_phase if config.time_budget is not None else long_phase_first_step(config) / config.max_steps
-        restart = (start, config.long_learning_rate / config.learning_rate)
-    scheduler, budget_schedule = make_scheduler(optimizer, config.max_steps, config.warmup_ratio, config.time_budget, restart)
+    scheduler, budget_schedule = make_scheduler(optimizer, config.max_steps, config.warmup_ratio, config.time_budget)
     if config.streaming:  # a stream is split by streaming.py and put on the device by its StreamLoader
         model, optimizer, eval_loader, scheduler = accelerator.prepare(model, optimizer, eval_loader, scheduler)
     else:
@@ -317,8 +298,6 @@ def train(run: Run, timer=time.perf_counter) -> RunLog:
             batches_before = position.batches_in_epoch
             for batch in loader:
                 position.batches_in_epoch += 1
-                if collate.defer_masking:  # --mlm-probability-end: masked at this step's rate
-                    batch = collate.mask(batch, run.masking_rate())
                 with accelerator.accumulate(run.model):
                     loss = run.model(**batch).loss
                     window["finite"] &= torch.isfinite(loss.detach()).all()  # on the device: no sync per micro-batch
@@ -372,8 +351,6 @@ def after_step(run: Run, log: RunLog, clock: TrainingClock, progress, window: di
         record = train_record(accelerator, window, position.step, position.epoch, run.scheduler)
         position.tokens_seen += record.pop("tokens")
         record.update(tokens_seen=position.tokens_seen, training_seconds=position.training_seconds)
-        if config.mlm_probability_end is not None:
-            record["mlm_probability"] = run.masking_rate()  # as the learning rate: the next step's
         if config.long_phase:
             record["seq_length"] = (config.long_seq_length or config.max_position_embeddings) if position.phase else config.max_seq_length
         log.write(record)
@@ -413,24 +390,17 @@ def finish(run: Run, log: RunLog, started: float, cpu_started: float) -> Pretrai
     if accelerator.is_main_process:
         plot_training_curves(read_log(output_dir / LOG_FILE), output_dir / CURVES_FILE, title=f"{run.config.preset} BERT")
     metrics = run.eval_metrics
-    electra = run.config.objective == "electra"
     nsp = f", NSP accuracy {metrics['nsp_accuracy']:.3f}" if "nsp_accuracy" in metrics else ""
-    rtd = f", replaced-token detection accuracy {metrics['rtd_accuracy']:.3f}" if electra else ""
-    if electra and metrics.get("rtd_auc") is not None:
-        rtd += f" (AUC {metrics['rtd_auc']:.3f}; 0.5 is chance)"
-    saved = f"model and tokenizer saved in {output_dir}"
-    if electra:
-        saved = f"discriminator and tokenizer saved in {output_dir}, generator in {output_dir / GENERATOR_DIR}"
     accelerator.print(
-        f"done in {seconds:.0f}s ({position.training_seconds:.0f}s of training): held-out {'generator ' if electra else ''}MLM accuracy "
+        f"done in {seconds:.0f}s ({position.training_seconds:.0f}s of training): held-out MLM accuracy "
         f"{metrics['mlm_accuracy']:.3f} (perplexity {metrics['perplexity']:.1f}; guessing from word frequencies alone "
-        f"{metrics['context_free_accuracy']:.3f}){nsp}{rtd}; {saved}"
+        f"{metrics['context_free_accuracy']:.3f}){nsp}; model and tokenizer saved in {output_dir}"
     )
     if plateau is not None:
         accelerator.print(f"warning: {plateau}")
     shut_down(run)
     passages = held_out_passages(run.eval_dataset, run.tokenizer, seed=run.config.seed)
-    return PretrainResult(output_dir, position.step, metrics, seconds, output_dir / GENERATOR_DIR if electra else output_dir, passages)
+    return PretrainResult(output_dir, position.step, metrics, seconds, output_dir, passages)
 
 
 def shut_down(run: Run) -> None:
@@ -450,7 +420,7 @@ def shut_down(run: Run) -> None:
     accelerator.end_training()
 
 
-def pretrain(config: PretrainConfig, model_class=None, config_class=None, timer=time.perf_counter) -> PretrainResult:
+def pretrain(config: PretrainConfig, timer=time.perf_counter) -> PretrainResult:
     """Run (or resume) pretraining as `config` says: the steps of the module docstring.
 
     `timer` is the clock a `--time-budget` is measured on (tests pass one of their own).
@@ -459,7 +429,7 @@ def pretrain(config: PretrainConfig, model_class=None, config_class=None, timer=
     kernels = cpu_gemm.decisions_kept_in(Path(config.output_dir) / KERNEL_DECISIONS_FILE)  # --resume multiplies on the same kernels
     # One run per output folder at a time; progress_bar=False silences datasets' and transformers' bars too.
     with OutputDirLock(config.output_dir, "scratchbert pretrain") as lock, progress_bars(config.progress_bar), kernels:
-        run, resume_state = setup(config, lock, model_class, config_class)
+        run, resume_state = setup(config, lock)
         resume(run, resume_state)
         run.setup_seconds = time.perf_counter() - started
         log = train(run, timer)
@@ -474,7 +444,7 @@ def _announce(run: Run, log: RunLog) -> None:
     log.write(
         {
             "type": "start", "step": run.position.step, "num_processes": accelerator.num_processes, "device": str(accelerator.device),
-            "train_examples": run.train_examples, "eval_examples": run.eval_examples, "objective": config.objective,
+            "train_examples": run.train_examples, "eval_examples": run.eval_examples,
             "parameters": parameters, "vocab_size": len(run.tokenizer), "setup_seconds": run.setup_seconds,
         }
     )  # fmt: skip
@@ -484,23 +454,15 @@ def _announce(run: Run, log: RunLog) -> None:
         length = f"{config.max_steps} steps"
     else:
         length = f"{config.time_budget:g} minutes" + (f" (at most {config.max_steps} steps)" if config.max_steps else "")
-    long_phase = (
-        f"; the last {config.long_phase:.0%} on examples of {config.long_seq_length or config.max_position_embeddings} tokens"
-        + (f", {config.long_batch_size * config.gradient_accumulation_steps * accelerator.num_processes} per step" if config.long_batch_size else "")
-        + (f", its own learning-rate cycle to {config.long_learning_rate:g}" if config.long_learning_rate is not None else "")
-        if config.long_phase
-        else ""
-    )
-    masking_end = f" moving to {config.mlm_probability_end:.0%} by the end" if config.mlm_probability_end is not None else ""
-    if config.objective == "electra":
-        objective = f"ELECTRA: a {config.generator_layers}-layer generator's MLM + {config.discriminator_weight:g} x replaced-token detection"
-    else:
-        objective = "MLM + NSP" if config.nsp else "MLM"
+    long_phase = ""
+    if config.long_phase:
+        long_phase = f"; the last {config.long_phase:.0%} on examples of {config.long_seq_length or config.max_position_embeddings} tokens"
+    objective = "MLM + NSP" if config.nsp else "MLM"
     accelerator.print(
         f"pretraining a {config.preset} BERT (L={config.num_hidden_layers}, H={config.hidden_size}, "
         f"{parameters / 1e6:.1f}M parameters, vocabulary {len(run.tokenizer)}) with the "
         f"{config.recipe} recipe ({objective} on {config.packing}, "
-        f"{config.mlm_probability:.0%} masking{masking_end}, learning rate {config.learning_rate:g}) on {examples} "
+        f"{config.mlm_probability:.0%} masking, learning rate {config.learning_rate:g}) on {examples} "
         f"({run.eval_examples} held out), {accelerator.num_processes} process(es), {length} of {examples_per_step} examples{long_phase}"
     )
 
@@ -539,16 +501,14 @@ def _stop_if_not_finite(accelerator: Accelerator, window: dict, loss: torch.Tens
 # ---------------------------------------------------------------------------------------------
 # 3. Showing what the model learned
 # ---------------------------------------------------------------------------------------------
-def print_fill_mask(model_dir: str | Path, sentences, top_k: int = 5, generator: bool = False, hidden: Sequence[str] | None = None) -> None:
+def print_fill_mask(model_dir: str | Path, sentences, top_k: int = 5, hidden: Sequence[str] | None = None) -> None:
     """The saved model's top guesses at each sentence's [MASK], loaded back from disk as a user would.
 
-    `generator`: `model_dir` is an ELECTRA run's generator (its discriminator has no MLM head), and the heading says so.
     `hidden`: the word behind each sentence's one [MASK] (held-out text, `held_out_passages`), shown beside the guesses.
     """
     model, tokenizer = load_masked_lm(model_dir)
-    who = "the ELECTRA generator (the saved discriminator has no MLM head)" if generator else "the model"
     where = "held-out text, the hidden word in brackets" if hidden else f"top {top_k}"
-    print(f"\nwhat {who} fills in ({where}; loaded back from {model_dir}):")
+    print(f"\nwhat the model fills in ({where}; loaded back from {model_dir}):")
     for index, sentence in enumerate(sentences):
         truth = f"   [{hidden[index]}]" if hidden else ""
         for guesses in fill_mask(model, tokenizer, sentence, top_k):

@@ -62,17 +62,13 @@ class TimeBudgetSchedule:
     `elapsed` (seconds of training, the same on every process) before each scheduler step.
     """
 
-    def __init__(self, budget_seconds: float, warmup_ratio: float, restart: tuple[float, float] | None = None):
+    def __init__(self, budget_seconds: float, warmup_ratio: float):
         self.budget_seconds = budget_seconds
         self.warmup_ratio = warmup_ratio
-        self.restart = restart  # --long-learning-rate: see `two_cycles`
         self.elapsed = 0.0
 
     def __call__(self, step: int) -> float:
-        progress = min(self.elapsed / self.budget_seconds, 1.0)
-        if self.restart is not None:
-            return two_cycles(progress, self.warmup_ratio, *self.restart)
-        return one_cycle(progress, self.warmup_ratio)
+        return one_cycle(min(self.elapsed / self.budget_seconds, 1.0), self.warmup_ratio)
 
 
 def one_cycle(progress: float, warmup: float) -> float:
@@ -80,24 +76,6 @@ def one_cycle(progress: float, warmup: float) -> float:
     if progress < warmup:
         return max(progress / warmup, 1e-3)  # never exactly 0: the first step must move
     return max(0.0, (1.0 - progress) / max(1e-9, 1.0 - warmup))
-
-
-# --long-learning-rate: the restarted cycle warms up over this fraction of the last phase (the
-# probe it comes from warmed up over 100 of its 1,381 steps; docs/pretraining.md).
-RESTART_WARMUP = 0.1
-
-
-def two_cycles(progress: float, warmup: float, start: float, peak: float) -> float:
-    """--long-learning-rate: the run's cycle squeezed to end (at 0) at `start`, then a second one.
-
-    The second cycle, over the last phase (`start` to 1), warms up again over `RESTART_WARMUP`
-    of it to `peak` (a multiple of the run's learning rate) and decays to 0 at the end: a warm
-    restart, as in SGDR (Loshchilov & Hutter 2017). The first keeps the run's warmup in absolute
-    terms (`warmup` of the whole run).
-    """
-    if progress < start:
-        return one_cycle(progress / start, warmup / start)
-    return peak * one_cycle((progress - start) / (1.0 - start), RESTART_WARMUP)
 
 
 class TrainingClock:
@@ -126,21 +104,15 @@ class TrainingClock:
         return self._elapsed + (self.timer() - self._since if self._since is not None else 0.0)
 
 
-def make_scheduler(
-    optimizer, max_steps: int | None, warmup_ratio: float, time_budget: float | None, restart: tuple[float, float] | None = None
-):
+def make_scheduler(optimizer, max_steps: int | None, warmup_ratio: float, time_budget: float | None):
     """The run's learning-rate schedule, and its `TimeBudgetSchedule` when it runs on elapsed time (else None).
 
     Without a time budget: warmup over `warmup_ratio` of `max_steps`, then linear decay to 0 at
     `max_steps`. With one (`time_budget` minutes): the same shape over the budget's seconds; the
-    loop sets the returned schedule's `elapsed` before each scheduler step. `restart`
-    (--long-learning-rate): where the last phase begins, as a fraction of the run, and its peak
-    as a multiple of the learning rate; the schedule is then `two_cycles`.
+    loop sets the returned schedule's `elapsed` before each scheduler step.
     """
     if time_budget is not None:
-        budget_schedule = TimeBudgetSchedule(60.0 * time_budget, warmup_ratio, restart)
+        budget_schedule = TimeBudgetSchedule(60.0 * time_budget, warmup_ratio)
         return torch.optim.lr_scheduler.LambdaLR(optimizer, budget_schedule), budget_schedule
-    if restart is not None:
-        return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: two_cycles(min(step / max_steps, 1.0), warmup_ratio, *restart)), None
     warmup_steps = max(1, round(warmup_ratio * max_steps))
     return torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_then_linear_decay(max_steps, warmup_steps)), None
