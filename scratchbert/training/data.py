@@ -390,36 +390,26 @@ def create_pairs_from_document(
     short_seq_prob: float = 0.1,
     nsp_probability: float = 0.5,
 ) -> list[tuple[TokenIds, TokenIds, int]]:
-    """Turn one document into (segment A, segment B, next_sentence_label) pairs, as in BERT.
+    """One document's (segment A, segment B, next_sentence_label) pairs, as in BERT: label 0 IsNext,
+    1 NotNext, each segment non-empty and len(A) + len(B) <= max_num_tokens.
 
-    Args:
-        sentences: the document's sentences as token ids, each non-empty (and best cut
-            with `cut_long_sentences`, as the pipeline does).
-        random_document: draws the sentences of a *different* document for NotNext
-            pairs; None when there is no other document (then every pair is IsNext).
-        rng: the only source of randomness, so a seed fixes the result.
-        max_num_tokens: room for A and B together (max_seq_length minus 3 special tokens), >= 2.
-        short_seq_prob: probability of aiming for a random shorter length instead, so the
-            model also sees the short inputs it will get at fine-tuning time.
-        nsp_probability: probability that B is taken from a random document (label 1).
+    sentences: the document's sentences as token ids, each non-empty (best cut with
+    `cut_long_sentences`, as the pipeline does). random_document: draws the sentences of a
+    *different* document for NotNext pairs; None when there is none (every pair is IsNext).
+    rng: the only source of randomness, so a seed fixes the result. max_num_tokens: room for
+    A and B together (max_seq_length minus 3 special tokens), >= 2. short_seq_prob: chance of
+    aiming for a random shorter length, so the model also sees the short inputs of fine-tuning.
+    nsp_probability: chance that B comes from a random document (label 1).
 
-    The walk, per document: gather sentences into a chunk until the chunk reaches the
-    target length (or the document ends); cut the chunk at a random sentence boundary
-    into A and B. With probability `nsp_probability`, B is replaced by consecutive
-    sentences from a random position of another document, and the chunk's unused
-    sentences are put back to start the next chunk. Finally the longer segment is
-    truncated from random ends until the pair fits.
+    The walk: gather sentences into a chunk until it reaches the target length (or the
+    document ends); cut the chunk at a random sentence boundary into A and B. With probability
+    `nsp_probability`, B is replaced by consecutive sentences of another document and the
+    chunk's unused sentences start the next chunk. The longer segment is then truncated from
+    random ends until the pair fits.
 
-    One departure from BERT's script: a chunk of a single sentence is never paired
-    with a random B. It grows by the next sentence instead, and a lone sentence left
-    at the very end of a document is dropped. BERT's script forces such a chunk to
-    NotNext, which skews the labels towards NotNext on short documents (about one extra
-    NotNext per document); here every label is an independent draw, so NotNext has
-    probability exactly `nsp_probability`.
-
-    Returns:
-        list of (tokens_a, tokens_b, label), label 0 = IsNext, 1 = NotNext; each
-        segment non-empty and len(a) + len(b) <= max_num_tokens.
+    One departure from BERT's script: a chunk of a single sentence is never paired with a
+    random B; it grows by the next sentence instead (a lone last sentence is dropped). BERT forces
+    such a chunk to NotNext, skewing short documents towards NotNext; here every label is drawn.
     """
     target = max_num_tokens
     if rng.random() < short_seq_prob:
@@ -443,13 +433,7 @@ def create_pairs_from_document(
         tokens_a = [token for sentence in chunk[:a_end] for token in sentence]
         is_random_next = random_document is not None and rng.random() < nsp_probability
         if is_random_next:
-            other = random_document(rng)
-            target_b = target - len(tokens_a)
-            tokens_b: TokenIds = []
-            for sentence in other[rng.randrange(len(other)) :]:
-                tokens_b.extend(sentence)
-                if len(tokens_b) >= target_b:
-                    break
+            tokens_b = _random_next_segment(random_document(rng), target - len(tokens_a), rng)
             i -= len(chunk) - a_end  # put the unused sentences back
         else:
             tokens_b = [token for sentence in chunk[a_end:] for token in sentence]
@@ -457,6 +441,16 @@ def create_pairs_from_document(
         pairs.append((tokens_a, tokens_b, int(is_random_next)))
         chunk, chunk_length = [], 0
     return pairs
+
+
+def _random_next_segment(other: Sequence[TokenIds], target_length: int, rng: random.Random) -> TokenIds:
+    """A NotNext segment B: consecutive sentences of another document, from a random one on, until `target_length` tokens."""
+    tokens: TokenIds = []
+    for sentence in other[rng.randrange(len(other)) :]:
+        tokens.extend(sentence)
+        if len(tokens) >= target_length:
+            break
+    return tokens
 
 
 def _document_rng(seed: int, index: int) -> random.Random:
@@ -548,55 +542,29 @@ def build_pretraining_dataset(
 ) -> datasets.Dataset | datasets.IterableDataset:
     """Build BERT's pretraining examples: `[CLS] A [SEP] B [SEP]` with a next-sentence label.
 
-    Args:
-        documents: a list of strings; a `Dataset` with a "text" column (see `load_documents`);
-            the output of `tokenize_documents` (a "sentences" column: tokenization is then
-            skipped, which is what a loop that re-pairs every epoch wants); or an
-            `IterableDataset` of either, which gives a lazy `IterableDataset` of examples.
-        tokenizer: a transformers tokenizer with [CLS] and [SEP] tokens.
-        max_seq_length: the longest example, special tokens included (>= `MIN_MAX_SEQ_LENGTH`).
-        short_seq_prob: per document, probability of a random shorter target length.
-        nsp_probability: probability that segment B comes from another document (label 1).
-        seed: fixes the pairing; use `seed + epoch` for a new pairing every epoch. Each
-            document draws from its own generator seeded by (seed, document index), so the
-            result does not depend on `num_proc` or `batch_size`.
-        num_proc: worker processes for the `datasets.map` calls. With several training
-            processes, call this under `accelerator.main_process_first()` so that the others
-            reuse the main process's cache.
-        batch_size: documents per `map` batch. When streaming it is also the pool that
-            NotNext segments are drawn from (the other documents of the same batch).
+    documents: a list of strings; a `Dataset` with a "text" column (see `load_documents`); the
+    output of `tokenize_documents` (a "sentences" column: tokenization is then skipped, which is
+    what a loop that re-pairs every epoch wants); or an `IterableDataset` of either, which gives
+    a lazy `IterableDataset` of examples. tokenizer: a transformers tokenizer with [CLS] and
+    [SEP]. max_seq_length: the longest example, special tokens included (>= `MIN_MAX_SEQ_LENGTH`).
+    short_seq_prob: per document, the chance of a random shorter target length. nsp_probability:
+    the chance that segment B comes from another document (label 1). seed: fixes the pairing
+    (`seed + epoch` for a new pairing every epoch); each document draws from its own generator
+    seeded by (seed, document index), so the result does not depend on `num_proc` or
+    `batch_size`. num_proc: worker processes for the `datasets.map` calls (with several training
+    processes, call this under `accelerator.main_process_first()` so the others reuse the main
+    process's cache). batch_size: documents per `map` batch; when streaming also the pool that
+    NotNext segments are drawn from (the other documents of the same batch).
 
-    Returns:
-        Dataset with columns input_ids (int32), token_type_ids (0 for `[CLS] A [SEP]`,
-        1 for `B [SEP]`), attention_mask (all 1: no padding yet; the collator pads) and
-        next_sentence_label (0 IsNext, 1 NotNext); every example has at most
-        `max_seq_length` tokens. Examples are in document order: shuffle in the DataLoader.
-
-    Skips, counted and logged: empty documents and documents of a single sentence (after
-    over-long sentences are cut to fit, see `cut_long_sentences`) yield no example, since
-    A and B need two segments. They are not errors; an empty result is.
-
-    Raises:
-        ValueError: max_seq_length below `MIN_MAX_SEQ_LENGTH`; probabilities outside [0, 1]; a tokenizer
-            without [CLS]/[SEP]; no document with two sentences; NotNext pairs requested
-            with only one usable document.
+    Returns a Dataset with columns input_ids (int32), token_type_ids (0 for `[CLS] A [SEP]`, 1 for
+    `B [SEP]`), attention_mask (all 1: the collator pads) and next_sentence_label (0 IsNext,
+    1 NotNext), at most `max_seq_length` tokens each, in document order (shuffle in the DataLoader).
+    Empty documents and documents of a single sentence (after over-long sentences are cut, see
+    `cut_long_sentences`) yield no example, counted and logged; an empty result is an error, as
+    are a max_seq_length below `MIN_MAX_SEQ_LENGTH`, probabilities outside [0, 1], a tokenizer
+    without [CLS]/[SEP], and NotNext pairs asked for with only one usable document.
     """
-    check_max_seq_length(max_seq_length)
-    for name, value in (("short_seq_prob", short_seq_prob), ("nsp_probability", nsp_probability)):
-        if not 0.0 <= value <= 1.0:
-            raise ScratchBertError(f"{name}={value!r} is not a probability; use a value in [0, 1]")
-    cls_id, sep_id = tokenizer.cls_token_id, tokenizer.sep_token_id
-    if cls_id is None or sep_id is None:
-        raise ScratchBertError("the tokenizer has no [CLS] or [SEP] token; BERT pairs need both (set cls_token and sep_token)")
-    max_num_tokens = max_seq_length - NUM_SPECIAL_TOKENS
-    pair_kwargs = {
-        "seed": seed,
-        "max_num_tokens": max_num_tokens,
-        "short_seq_prob": short_seq_prob,
-        "nsp_probability": nsp_probability,
-        "cls_id": cls_id,
-        "sep_id": sep_id,
-    }
+    pair_kwargs = _pair_options(tokenizer, max_seq_length, short_seq_prob, nsp_probability, seed)
     tokenized = _tokenized(documents, tokenizer, num_proc, batch_size)
     if isinstance(tokenized, datasets.IterableDataset):
         return tokenized.map(
@@ -608,7 +576,37 @@ def build_pretraining_dataset(
             features=PRETRAINING_FEATURES,
             fn_kwargs=pair_kwargs,
         )
-    usable = _documents_with_pairs(tokenized, max_num_tokens, nsp_probability, num_proc, batch_size)
+    usable = _documents_with_pairs(tokenized, pair_kwargs["max_num_tokens"], nsp_probability, num_proc, batch_size)
+    examples = _pairs_of(usable, pair_kwargs, num_proc, batch_size)
+    labels = examples["next_sentence_label"]
+    logger.info(
+        "Built %d pretraining examples (%d NotNext) from %d documents, max_seq_length=%d, seed=%d.",
+        len(examples), sum(labels), len(usable), max_seq_length, seed,
+    )
+    return examples
+
+
+def _pair_options(tokenizer, max_seq_length: int, short_seq_prob: float, nsp_probability: float, seed: int) -> dict:
+    """`build_pretraining_dataset`'s options, checked, as the keyword arguments of its pairing functions."""
+    check_max_seq_length(max_seq_length)
+    for name, value in (("short_seq_prob", short_seq_prob), ("nsp_probability", nsp_probability)):
+        if not 0.0 <= value <= 1.0:
+            raise ScratchBertError(f"{name}={value!r} is not a probability; use a value in [0, 1]")
+    cls_id, sep_id = tokenizer.cls_token_id, tokenizer.sep_token_id
+    if cls_id is None or sep_id is None:
+        raise ScratchBertError("the tokenizer has no [CLS] or [SEP] token; BERT pairs need both (set cls_token and sep_token)")
+    return {
+        "seed": seed,
+        "max_num_tokens": max_seq_length - NUM_SPECIAL_TOKENS,
+        "short_seq_prob": short_seq_prob,
+        "nsp_probability": nsp_probability,
+        "cls_id": cls_id,
+        "sep_id": sep_id,
+    }
+
+
+def _pairs_of(usable: datasets.Dataset, pair_kwargs: dict, num_proc: int | None, batch_size: int) -> datasets.Dataset:
+    """The sentence-pair examples of the documents that make pairs (cached by datasets)."""
     examples = usable.map(
         _pairs_for_batch,
         batched=True,
@@ -625,11 +623,6 @@ def build_pretraining_dataset(
     )
     if len(examples) == 0:
         raise ScratchBertError("no pretraining examples were built from the documents; check that they hold text")
-    labels = examples["next_sentence_label"]
-    logger.info(
-        "Built %d pretraining examples (%d NotNext) from %d documents, max_seq_length=%d, seed=%d.",
-        len(examples), sum(labels), len(usable), max_seq_length, seed,
-    )
     return examples
 
 

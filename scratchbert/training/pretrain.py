@@ -179,6 +179,16 @@ class PretrainResult:
     held_out_passages: list[tuple[str, str]]  # held-out text with a word hidden, and the word (`held_out_passages`)
 
 
+def model_vocab_size(config: PretrainConfig, tokenizer, resume_state: dict | None) -> int:
+    """The model's vocabulary: the checkpoint's when resuming, --vocab-size when given with
+    --tokenizer, else the tokenizer's own size (a trained one may come out smaller than asked)."""
+    if resume_state is not None:
+        return resume_state["model_vocab_size"]
+    if config.tokenizer and config.vocab_size is not None:
+        return config.vocab_size
+    return len(tokenizer)
+
+
 def setup(config: PretrainConfig, lock: OutputDirLock) -> tuple[Run, dict | None]:
     """Step 1: build everything, checking the inputs before the output folder is touched.
 
@@ -203,14 +213,7 @@ def setup(config: PretrainConfig, lock: OutputDirLock) -> tuple[Run, dict | None
     if long_dataset is not None:
         long_loader, long_collate = make_long_loader(config, tokenizer, long_dataset)
 
-    # The model's vocabulary: the checkpoint's when resuming, --vocab-size when given with
-    # --tokenizer, else the tokenizer's own size (a trained one may come out smaller than asked).
-    if resume_state is not None:
-        vocab_size = resume_state["model_vocab_size"]
-    elif config.tokenizer and config.vocab_size is not None:
-        vocab_size = config.vocab_size
-    else:
-        vocab_size = len(tokenizer)
+    vocab_size = model_vocab_size(config, tokenizer, resume_state)
     model = build_model(config, tokenizer, vocab_size)
     if asked_precision == "bf16" and accelerator.device.type == "cpu" and accelerator.is_main_process and resume_state is None:
         # bf16 is not faster on every CPU that has bf16 instructions: a few timed steps say (precision.py)
@@ -286,17 +289,8 @@ def train(run: Run, timer=time.perf_counter) -> RunLog:
     clock.start()
     try:
         while not run.done():
-            if run.long_phase_due():  # the last stretch of the run: longer examples, from their first epoch
-                position.phase, position.epoch, position.batches_in_epoch = 1, 0, 0
-                accelerator.print(f"step {position.step}: the long phase begins (examples of {config.long_seq_length or config.max_position_embeddings} tokens)")
-            epoch_loader, collate = run.batches()
-            collate.epoch = position.epoch
-            epoch_loader.set_epoch(position.epoch)
-            loader = epoch_loader
-            if position.batches_in_epoch and not config.streaming:  # a stream resumes itself (`resume`)
-                loader = accelerator.skip_first_batches(epoch_loader, position.batches_in_epoch)
             batches_before = position.batches_in_epoch
-            for batch in loader:
+            for batch in _epoch_batches(run):
                 position.batches_in_epoch += 1
                 with accelerator.accumulate(run.model):
                     loss = run.model(**batch).loss
@@ -333,6 +327,20 @@ def train(run: Run, timer=time.perf_counter) -> RunLog:
     if run.out_of_time():
         accelerator.print(f"the time budget of {config.time_budget:g} minutes is spent after {position.step} steps")
     return log
+
+
+def _epoch_batches(run: Run):
+    """The batches left in the epoch the run is in (of its phase, which may begin now), masked for that epoch."""
+    config, accelerator, position = run.config, run.accelerator, run.position
+    if run.long_phase_due():  # the last stretch of the run: longer examples, from their first epoch
+        position.phase, position.epoch, position.batches_in_epoch = 1, 0, 0
+        accelerator.print(f"step {position.step}: the long phase begins (examples of {config.long_seq_length or config.max_position_embeddings} tokens)")
+    epoch_loader, collate = run.batches()
+    collate.epoch = position.epoch
+    epoch_loader.set_epoch(position.epoch)
+    if position.batches_in_epoch and not config.streaming:  # a stream resumes itself (`resume`)
+        return accelerator.skip_first_batches(epoch_loader, position.batches_in_epoch)
+    return epoch_loader
 
 
 def after_step(run: Run, log: RunLog, clock: TrainingClock, progress, window: dict) -> None:
