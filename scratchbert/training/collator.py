@@ -206,15 +206,12 @@ class DataCollatorForPretraining:
         corrupted = input_ids.masked_fill(to_mask, self.tokenizer.mask_token_id)
         return torch.where(to_random, random_ids, corrupted)
 
-    def mask(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Steps 2 and 3 on a padded batch (`pad`): add `labels`, corrupt `input_ids`."""
+    def __call__(self, examples: Sequence[Mapping]) -> dict[str, torch.Tensor]:
+        batch = self.pad(examples)
         chosen = self.choose_positions(batch["input_ids"], batch["attention_mask"])
         batch["labels"] = batch["input_ids"].masked_fill(~chosen, IGNORE_INDEX)
         batch["input_ids"] = self.corrupt(batch["input_ids"], chosen)
         return batch
-
-    def __call__(self, examples: Sequence[Mapping]) -> dict[str, torch.Tensor]:
-        return self.mask(self.pad(examples))
 
 
 # ---------------------------------------------------------------------------------------------
