@@ -1,0 +1,281 @@
+"""Fine-tuning data: read train / validation / test, hold out validation rows, check the cells, and
+turn string or integer labels into ids `0..K-1` (whose names go into the model's `id2label`).
+
+`finetune` calls them in this order: `read_splits`, `check_columns` (on the rows in the files'
+order, so an error names the row a user finds), `carve_splits`, `label_names_of`, `encode_labels`,
+`label_warnings`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import Counter
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from scratchbert.errors import ScratchBertError
+from scratchbert.ingestion import load_named_dataset, load_table
+
+logger = logging.getLogger(__name__)
+
+LABEL_KINDS = {  # Arrow dtype of a label column -> how its values become label names
+    **dict.fromkeys(("string", "large_string"), "string"),
+    **dict.fromkeys(("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"), "integer"),
+    "bool": "integer",  # False/True are the integers 0/1
+}
+
+
+def read_splits(
+    train_files: Sequence[str | Path] | None = None,
+    validation_files: Sequence[str | Path] | None = None,
+    test_files: Sequence[str | Path] | None = None,
+    dataset_name: str | None = None,
+    dataset_config: str | None = None,
+    train_split: str | None = None,
+    validation_split: str | None = None,
+    test_split: str | None = None,
+):
+    """Read the data splits for fine-tuning, rows in the order of their files.
+
+    Give either local `train_files` (CSV/TSV/JSON/JSONL/Parquet, optionally compressed; globs
+    are expanded) with optional
+    `validation_files`/`test_files`, or a `dataset_name` for `datasets.load_dataset` with
+    split names (`train_split` defaults to "train", `validation_split` to "validation" when
+    the dataset has one). `carve_splits` then holds out validation rows and takes subsets.
+
+    Returns:
+        {"train": Dataset, and "validation" and "test" when given}
+    """
+    import datasets
+
+    if (train_files is None) == (dataset_name is None):
+        raise ScratchBertError("give either local train files (--train-file) or a datasets name (--dataset), not both or neither.")
+    if train_files is not None and any(x is not None for x in (dataset_config, train_split, validation_split, test_split)):
+        raise ScratchBertError(
+            "--dataset-config and split names (--train-split, ...) go with --dataset; with local files give --validation-file/--test-file."
+        )
+    if dataset_name is not None and (validation_files or test_files):
+        raise ScratchBertError("--validation-file/--test-file go with --train-file; with --dataset choose --validation-split/--test-split.")
+    if train_files is not None:
+        splits = {"train": load_table(train_files, "the train data")}
+        for name, files in (("validation", validation_files), ("test", test_files)):
+            if files:
+                splits[name] = load_table(files, f"the {name} data")
+    else:
+        loaded = load_named_dataset(dataset_name, dataset_config)
+        # without an explicit choice, a split named "validation" is used when the dataset has one
+        if validation_split is None and "validation" in loaded:
+            validation_split = "validation"
+        splits = {}
+        for name, split in (("train", train_split or "train"), ("validation", validation_split), ("test", test_split)):
+            if split is None:
+                continue
+            if split not in loaded:
+                raise ScratchBertError(f"dataset {dataset_name!r} has no split {split!r} (it has: {', '.join(loaded)}).")
+            splits[name] = loaded[split]
+
+    if len(splits["train"]) == 0:
+        raise ScratchBertError("the training data is empty: there are no rows to fine-tune on.")
+    return splits
+
+
+def carve_splits(
+    splits: dict,
+    label_column: str = "label",
+    validation_fraction: float = 0.1,
+    max_train_samples: int | None = None,
+    max_eval_samples: int | None = None,
+    seed: int = 42,
+):
+    """Hold out `validation_fraction` of train when there is no validation split, the same share
+    of every label (`hold_out_by_label`), and take the `max_*_samples` seeded random subsets
+    (files are often sorted by label).
+
+    Returns:
+        `datasets.DatasetDict` with "train", "validation" and, when given, "test".
+    """
+    import datasets
+
+    splits = dict(splits)
+    if "validation" not in splits:
+        if not 0 < validation_fraction < 1:
+            raise ScratchBertError(f"validation_fraction must be between 0 and 1, got {validation_fraction}.")
+        if len(splits["train"]) < 2:
+            raise ScratchBertError("the training data has one row: give a separate validation file (--validation-file).")
+        train_rows, validation_rows = hold_out_by_label(splits["train"][label_column], validation_fraction, seed)
+        splits["train"], splits["validation"] = splits["train"].select(train_rows), splits["train"].select(validation_rows)
+        logger.info("held out %d of the training rows for validation, the same share of each label", len(validation_rows))
+    for name, split in splits.items():
+        if len(split) == 0:
+            raise ScratchBertError(f"the {name} data is empty: it has no rows to evaluate on.")
+        limit = max_train_samples if name == "train" else max_eval_samples
+        if limit is not None and limit < len(split):
+            splits[name] = split.shuffle(seed=seed).select(range(limit))
+    return datasets.DatasetDict(splits)
+
+
+def hold_out_by_label(labels: Sequence, fraction: float, seed: int) -> tuple[list[int], list[int]]:
+    """Deal the rows into train and validation so that each label keeps its share in both.
+
+    A random hold-out of a few hundred rows can take every row of a rare label (which the
+    classifier then never sees) or none (which the epoch choice then never scores). Here each
+    label gives `fraction` of its rows, rounded so that the total is `datasets`'
+    `ceil(fraction * rows)` (the labels with the largest remainders give one more), and keeps at
+    least one row for training. Only when no label has two rows are rows held out at random.
+
+    Returns:
+        (train row indices, validation row indices), each in a seeded random order.
+    """
+    rng = np.random.default_rng(seed)
+    rows_of = {}  # label -> its row indices, shuffled
+    for row, label in enumerate(labels):
+        rows_of.setdefault(repr(label), []).append(row)  # repr: a key even for a list, which `label_names_of` then refuses
+    rows_of = {label: rng.permutation(rows).tolist() for label, rows in rows_of.items()}
+    total = math.ceil(fraction * len(labels))
+
+    # Each label's share, floored and capped to leave one training row; then the largest remainders.
+    shares = {label: fraction * len(rows) for label, rows in rows_of.items()}
+    taken = {label: min(math.floor(share), len(rows_of[label]) - 1) for label, share in shares.items()}
+    for label in sorted(rows_of, key=lambda label: shares[label] - math.floor(shares[label]), reverse=True):
+        if sum(taken.values()) >= total:
+            break
+        if taken[label] < len(rows_of[label]) - 1:
+            taken[label] += 1
+    if sum(taken.values()) == 0:  # every label has a single row: nothing to stratify
+        order = rng.permutation(len(labels)).tolist()
+        return order[total:], order[:total]
+
+    validation = [row for label, rows in rows_of.items() for row in rows[: taken[label]]]
+    train = [row for label, rows in rows_of.items() for row in rows[taken[label] :]]
+    return rng.permutation(train).tolist(), rng.permutation(validation).tolist()
+
+
+def check_columns(splits, text_column: str, text_pair_column: str | None, label_column: str) -> None:
+    """Fail early, naming the fix, when a column is missing or a cell has no text or no label.
+
+    Run it on `read_splits`' rows, before `carve_splits` shuffles them, so that "row 41 of the
+    train data" is the 41st row of its files.
+    """
+    from datasets import ClassLabel
+
+    for name, split in splits.items():
+        columns = split.column_names
+        wanted = [(text_column, "--text-column"), (label_column, "--label-column")]
+        if text_pair_column is not None:
+            wanted.append((text_pair_column, "--text-pair-column"))
+        for column, flag in wanted:
+            if column not in columns:
+                raise ScratchBertError(
+                    f"the {name} data has no column {column!r} (its columns: {', '.join(columns)}); "
+                    f"name the right one with {flag}."
+                )
+        for column in (text_column, text_pair_column):
+            if column is None:
+                continue
+            for row, text in enumerate(split[column], start=1):
+                if text is None or (isinstance(text, str) and not text.strip()):
+                    raise ScratchBertError(f"{_row(row, name)} has no text in column {column!r}: fill it in or drop the row.")
+                if not isinstance(text, str):
+                    raise ScratchBertError(f"{_row(row, name)}: column {column!r} holds {text!r}, not a text string.")
+        label = split.features[label_column]
+        for row, value in enumerate(split[label_column], start=1):
+            # `datasets` writes -1 in a ClassLabel column for "no label"
+            if value is None or (isinstance(label, ClassLabel) and not 0 <= value < label.num_classes):
+                raise ScratchBertError(f"{_row(row, name)} has no label in column {label_column!r} (found {value!r}).")
+
+
+def _row(row: int, split: str) -> str:
+    """Where a bad cell is, as a user finds it in the files."""
+    return f"row {row} of the {split} data (the first row is 1)"
+
+
+def label_names_of(splits, label_column: str) -> list[str]:
+    """Label names in id order, from the label column of every split.
+
+    A `datasets.ClassLabel` column keeps its own names. String labels are sorted; integer
+    labels are sorted by value and named by their value ("0", "1", ...), so labels that
+    already are `0..K-1` keep their ids. Every row has a label (`check_columns`).
+    """
+    from datasets import ClassLabel, Value
+
+    feature = splits["train"].features[label_column]
+    if isinstance(feature, ClassLabel):
+        return list(feature.names)
+    kinds = set()
+    for name, split in splits.items():
+        feature = split.features[label_column]
+        kind = LABEL_KINDS.get(feature.dtype) if isinstance(feature, Value) else None
+        if kind is None:
+            types = {type(value) for value in split[label_column] if value is not None}
+            if types == {str, int}:  # `datasets` reads such a JSON column as untyped "Json"
+                raise ScratchBertError(f"column {label_column!r} of the {name} data mixes strings and integers; use one kind of label.")
+            example = next((value for value in split[label_column] if value is not None), None)
+            raise ScratchBertError(
+                f"labels must be strings or integers, but column {label_column!r} of the {name} data holds "
+                f"{getattr(feature, 'dtype', type(feature).__name__)} values (e.g. {example!r}). "
+                "Map them to class names or integer ids first (regression is not supported)."
+            )
+        kinds.add(kind)
+    if len(kinds) > 1:
+        raise ScratchBertError(f"column {label_column!r} holds strings in one split and integers in another; use one kind.")
+    values = {value for split in splits.values() for value in split[label_column]}
+    if kinds == {"integer"}:
+        return [str(int(value)) for value in sorted(values)]
+    return sorted(values)
+
+
+def encode_labels(splits, label_column: str, label_names: Sequence[str]):
+    """Add a "labels" column of ids `0..K-1` (what the model's loss takes)."""
+    from datasets import ClassLabel
+
+    label2id = {name: i for i, name in enumerate(label_names)}
+    feature = splits["train"].features[label_column]
+
+    def name_of(value) -> str:
+        if isinstance(feature, ClassLabel):
+            return feature.int2str(value)
+        return str(int(value)) if isinstance(value, (bool, int)) else value
+
+    def to_ids(batch):
+        return {"labels": [label2id[name_of(value)] for value in batch[label_column]]}
+
+    return splits.map(to_ids, batched=True, desc="encoding labels")
+
+
+def label_warnings(splits, label_names: Sequence[str]) -> dict | None:
+    """What about the encoded labels is likely a mistake, though training can go on; each is logged.
+
+    - "not_in_train": {split: {label: rows}}: labels of the validation or test rows that no
+      training row has. They keep a class of their own, as transformers' `run_classification`
+      does, but the classifier cannot learn it, so those rows count as errors.
+    - "look_alike": groups of labels that differ only in case or spaces ("pos", "Pos ").
+
+    Returns None when there is nothing to say.
+    """
+    warnings = {}
+    trained = set(splits["train"]["labels"])
+    for name, split in splits.items():
+        unseen = Counter(label_names[i] for i in split["labels"] if i not in trained)
+        if name == "train" or not unseen:
+            continue
+        warnings.setdefault("not_in_train", {})[name] = dict(sorted(unseen.items()))
+        logger.warning(
+            "the %s data has labels no training row has (%s): the classifier cannot learn them, so those rows count as "
+            "errors. Add training rows with them, or fix or drop those rows.", name,
+            ", ".join(f"{label!r} in {rows} row{'s' * (rows > 1)}" for label, rows in sorted(unseen.items())),
+        )  # fmt: skip
+    alike = {}
+    for label in label_names:
+        alike.setdefault(" ".join(label.split()).casefold(), []).append(label)
+    groups = [group for group in alike.values() if len(group) > 1]
+    if groups:
+        warnings["look_alike"] = groups
+        logger.warning(
+            "labels that differ only in case or spaces are different classes: %s. If each group is one class, make them equal in the data.",
+            "; ".join(" / ".join(repr(label) for label in group) for group in groups),
+        )
+    return warnings or None
+
