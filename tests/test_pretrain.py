@@ -955,3 +955,25 @@ def test_a_save_that_used_a_removed_option_is_refused_with_the_commit_that_has_i
     (tmp_path / "run.json").write_text(json.dumps({option: value}))
     with pytest.raises(ValueError, match=f"{option}={value!r} was removed"):  # a hand-written file too
         PretrainConfig.from_file(tmp_path / "run.json")
+
+
+def test_help_lists_at_most_50_pretrain_and_25_prepare_data_options_and_the_rest_come_from_the_file(tmp_path, capsys):
+    """Issue 75's budget of option lines; optimiser constants and dropouts have no flag but a --config
+    file sets them (and the help says which), and prepare-data takes only what shapes the examples."""
+    from scratchbert.commands import main
+
+    def option_lines(command: str) -> list[str]:
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        lines = [line.strip() for line in capsys.readouterr().out.splitlines()]
+        return [line.split()[0].rstrip(",") for line in lines if line.startswith("--")]
+
+    pretrain_options, prepare_options = option_lines("pretrain"), option_lines("prepare-data")
+    assert len(pretrain_options) <= 50 and len(prepare_options) <= 25
+    assert "--adam-beta1" not in pretrain_options and "--hidden-size" not in prepare_options
+    assert set(prepare_options) <= set(pretrain_options) | {"--config"}  # the same flags for the same options
+    (tmp_path / "run.yaml").write_text("adam_beta2: 0.98\nhidden_dropout_prob: 0.05\n")
+    assert main(["pretrain", "--config", str(tmp_path / "run.yaml"), "--print-config"]) == 0
+    printed = capsys.readouterr().out
+    assert any(line.split()[:3] == ["adam_beta2", "file", "0.98"] for line in printed.splitlines())
+    assert any(line.split()[:3] == ["hidden_dropout_prob", "file", "0.05"] for line in printed.splitlines())
