@@ -19,7 +19,8 @@ over repeats. Cases:
   (c) a pretraining step (MLM + NSP, forward, backward, AdamW) on batches from the project's
       own pipeline (`build_pretraining_dataset` + `DataCollatorForPretraining`), in tokens/s
   (d) the peak memory of (c): each side in its own subprocess, resident set size (RSS) at the
-      peak of two steps, and its rise over the RSS of the loaded model.
+      peak of two steps, and its rise over the RSS of the loaded model; scratchbert also with
+      activation checkpointing (`activation_checkpointing_enable()`, transformers' mechanism).
 
 The share of the matmul peak divides the *useful* FLOPs (linears on real tokens, attention
 within each sequence's own length, the MLM decoder at labelled positions in training) by the
@@ -528,11 +529,13 @@ def status_bytes(field: str) -> int:
 
 
 def memory_worker(side: str, directory: Path, batch_file: Path, threads: int) -> None:
-    """Run two pretraining steps of one side and print its RSS figures as JSON."""
+    """Run two pretraining steps of one side ("ours", "ours-checkpointed", "theirs") and print its RSS figures as JSON."""
     torch.set_num_threads(threads)
     batch = torch.load(batch_file)
-    ours, theirs = load_models(directory, side)
-    model = ours if side == "ours" else theirs
+    ours, theirs = load_models(directory, "theirs" if side == "theirs" else "ours")
+    model = theirs if side == "theirs" else ours
+    if side == "ours-checkpointed":
+        model.activation_checkpointing_enable()  # every layer keeps only its input; the rest is recomputed
     step = training_runner(model, batch, torch.float32)
     with torch.no_grad():  # fault in every weight page, so both baselines hold the whole model
         sum(float(p.sum()) for p in model.parameters())
@@ -542,11 +545,14 @@ def memory_worker(side: str, directory: Path, batch_file: Path, threads: int) ->
     print(json.dumps({"loaded": loaded, "peak": status_bytes("VmHWM")}))
 
 
+MEMORY_SIDES = ("ours", "ours-checkpointed", "theirs")
+
+
 def measure_memory(directory: Path, batch: dict[str, torch.Tensor], workdir: Path, threads: int) -> dict[str, dict[str, int]]:
     batch_file = workdir / "batch.pt"
     torch.save(batch, batch_file)
     result = {}
-    for side in ("ours", "theirs"):
+    for side in MEMORY_SIDES:
         out = subprocess.run(
             [sys.executable, __file__, "--memory-worker", side, str(directory), str(batch_file), str(threads)],
             check=True,
@@ -695,12 +701,12 @@ def print_memory_table(memory: dict[str, dict[str, int]]) -> None:
     if not memory:
         return
     mib = 2**20
-    print("| (d) pretraining step, fp32 | transformers | scratchbert | ratio | target |")
-    print("|---|---|---|---|---|")
+    print("| (d) pretraining step, fp32 | transformers | scratchbert | ratio | target | scratchbert, activation checkpointing |")
+    print("|---|---|---|---|---|---|")
     for key, label in (("peak", "peak RSS"), ("rise", "rise over loaded model")):
         value = {s: m["peak"] - (m["loaded"] if key == "rise" else 0) for s, m in memory.items()}
         print(f"| {label} | {value['theirs'] / mib:,.0f} MiB | {value['ours'] / mib:,.0f} MiB "
-              f"| {value['ours'] / value['theirs']:.2f} | <= 1.00 |")
+              f"| {value['ours'] / value['theirs']:.2f} | <= 1.00 | {value['ours-checkpointed'] / mib:,.0f} MiB |")
 
 
 def print_conditions(argv: list[str] | None, load_before: tuple[float, float, float]) -> None:
