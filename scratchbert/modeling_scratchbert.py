@@ -607,6 +607,9 @@ class ScratchBertModel(ScratchBertPreTrainedModel):
         """
         batch, seq = check_inputs(self.config, input_ids, inputs_embeds, attention_mask, token_type_ids, position_ids)
         device = input_ids.device if input_ids is not None else inputs_embeds.device
+        # The attention functions see the caller's positions, as BertModel passes them: flash attention
+        # reads sequence starts from them in a flattened batch (`DataCollatorWithFlattening`).
+        kwargs["position_ids"] = position_ids
         # Defaults: one segment (all 0s), positions 0..S-1, every token real.
         if token_type_ids is None:
             token_type_ids = torch.zeros(batch, seq, dtype=torch.long, device=device)
@@ -620,7 +623,7 @@ class ScratchBertModel(ScratchBertPreTrainedModel):
             hidden_states = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)  # (B, S, H)
             mask = self.padded_mask(attention_mask, hidden_states)
             kwargs.setdefault("output_attentions", self.config.output_attentions)  # the layers pick eager to return them
-            sequence_output = self.encoder(hidden_states, mask, position_ids=position_ids, **kwargs)  # (B, S, H)
+            sequence_output = self.encoder(hidden_states, mask, **kwargs)  # (B, S, H)
         pooled_output = self.pooler(sequence_output) if self.pooler is not None else None
         return BaseModelOutputWithPooling(last_hidden_state=sequence_output, pooler_output=pooled_output)
 
