@@ -376,6 +376,21 @@ def test_script_is_the_cli_command(cli_main, monkeypatch, capsys):
     assert exit_info.value.code == 0 and "usage: scratchbert finetune" in capsys.readouterr().out
 
 
+def test_help_stays_short_and_the_finetune_modules_small(monkeypatch, capsys):
+    """At most 32 option lines in `scratchbert finetune --help` (issue 75; the rest are set in --config), and no
+    function of the fine-tuning modules over 60 lines."""
+    import ast
+
+    with pytest.raises(SystemExit):
+        scratchbert.commands.main(["finetune", "--help"])
+    options = [line for line in capsys.readouterr().out.splitlines() if line.strip().startswith("--")]
+    assert 20 < len(options) <= 32, options
+    for name in ("finetune", "finetune_data", "text_windows", "classifier_metrics", "checkpoint_info", "soup"):
+        tree = ast.parse((REPO / "scratchbert" / "training" / f"{name}.py").read_text())
+        long = [f.name for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and f.end_lineno - f.lineno + 1 > 60]
+        assert not long, (name, long)
+
+
 def test_empty_or_missing_data_and_occupied_output_dir(tmp_path, capsys, cli_main, scratch_checkpoint):
     empty = tmp_path / "empty.csv"
     empty.write_text("text,label\n")
@@ -406,7 +421,7 @@ def test_a_folder_another_run_is_writing_to_is_refused_even_with_overwrite(tmp_p
         assert sorted(path.name for path in out.iterdir()) == [LOCK_FILE]  # nothing of the refused run's
 
     held = []  # and a run holds its folder while it trains, and lets go at the end
-    real = finetune_module._train_and_score
+    real = finetune_module.train_and_score
 
     def train_while_another_tries(*args, **kwargs):
         with OutputDirLock(out, "test") as second, pytest.raises(ValueError, match="in use by another run"):
@@ -414,7 +429,7 @@ def test_a_folder_another_run_is_writing_to_is_refused_even_with_overwrite(tmp_p
         held.append(True)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(finetune_module, "_train_and_score", train_while_another_tries)
+    monkeypatch.setattr(finetune_module, "train_and_score", train_while_another_tries)
     code, err = run_cli(cli_main, capsys, scratch_checkpoint, *argv)
     assert code == 0 and held, err
     assert (out / "metrics.json").is_file() and not (out / LOCK_FILE).exists()
@@ -731,7 +746,10 @@ def test_a_soup_that_falls_to_a_constant_guess_keeps_the_best_run_and_says_so(tm
     monkeypatch.setattr(WeightAverage, "load_into", constant_guess)
     train = write_csv(tmp_path / "train.csv", keyword_in_the_middle_rows(192, seed=1))
     validation = write_csv(tmp_path / "validation.csv", keyword_in_the_middle_rows(64, seed=2))
-    options = dict(epochs=6, learning_rate=3e-3, max_length=8, windows=3, seed=0, full_determinism=True, show_progress=False)
+    options = dict(
+        epochs=6, learning_rate=3e-3, max_length=8, windows=3, truncation="head+tail", seed=0, full_determinism=True, show_progress=False,
+        keep_checkpoints=True,  # to compare the saved model with the run's kept checkpoint
+    )  # fmt: skip
     with caplog.at_level("WARNING"):
         results = finetune_text_classification(
             scratch_checkpoint, tmp_path / "out", train_files=[str(train)], validation_files=[str(validation)], test_files=[str(validation)],

@@ -83,7 +83,7 @@ class FinetuneConfig(ConfigFile):
 
     checkpoint: str | None = field(default=None, metadata={"positional": True, "help": "folder of the checkpoint to start from (config.json + weights), or a Hugging Face Hub name"})
     output_dir: str | None = field(default=None, metadata={"help": "where the fine-tuned model, tokenizer and metrics.json go (required)"})
-    tokenizer: str | None = field(default=None, metadata={"help": "tokenizer folder or Hub name (default: the checkpoint's)"})
+    tokenizer: str | None = field(default=None, metadata={"file_only": True, "help": "tokenizer folder or Hub name (default: the checkpoint's)"})
     # --- data: local files or a datasets name ---
     train_files: list[str] | None = field(default=None, metadata={"flag": "--train-file", "metavar": "FILE", "help": "CSV/TSV/JSON/JSONL/Parquet file(s) or globs, optionally compressed"})
     validation_files: list[str] | None = field(default=None, metadata={"flag": "--validation-file", "metavar": "FILE", "help": "default: hold out --validation-fraction of train"})
@@ -132,7 +132,7 @@ class FinetuneConfig(ConfigFile):
     reinit_head: bool = field(default=False, metadata={"help": "train a new head even if the checkpoint has one"})
     seed: int = field(default=42, metadata={"help": "seed of the new head, the data order and dropout (of a soup's first run)"})
     full_determinism: bool = field(
-        default=False, metadata={"file_only": True, "help": "the same weights from the same seed on this machine: torch's deterministic mode, no CPU kernel chosen by timing"}
+        default=False, metadata={"help": "the same weights from the same seed on this machine: torch's deterministic mode, no CPU kernel chosen by timing"}
     )  # fmt: skip
     logging_steps: int = field(default=50, metadata={"file_only": True, "help": "log the training loss every N steps"})
     keep_checkpoints: bool = field(default=False, metadata={"help": f"keep the epoch checkpoints under --output-dir/{CHECKPOINTS_DIR} (default: removed at the end)"})
