@@ -3,8 +3,8 @@
 scratchbert keeps transformers' BERT state-dict names, so the export only rewrites the
 configuration (`model_type "bert"`, `Bert*` architectures) and copies the weights; the
 result loads in `BertForPreTraining` / `BertModel` / `BertFor...` with no missing keys and
-needs no scratchbert at all. A classifier that pools its tokens by their mean or max
-(`classifier_pooling="mean"` or `"max"`) is refused: BERT's classifier reads the [CLS] vector.
+needs no scratchbert at all. A classifier that pools its tokens by their mean
+(`classifier_pooling="mean"`) is refused: BERT's classifier reads the [CLS] vector.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from scratchbert.errors import ScratchBertError
 from scratchbert.weights import BIN_INDEX, SAFETENSORS_INDEX, check_weights, model_folder, weight_files
 
 # Configuration keys that only scratchbert (or its remote-code loading) uses. BERT's heads always
-# pool on [CLS] ("cls" is what a BERT checkpoint means), and a "mean" or "max" classifier is refused.
+# pool on [CLS] ("cls" is what a BERT checkpoint means), and a "mean" classifier is refused.
 _SCRATCHBERT_ONLY_KEYS = ("auto_map", "model_type", "architectures", "transformers_version", "classifier_pooling")
 
 
