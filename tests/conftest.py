@@ -53,7 +53,7 @@ def bert_vocab_file(minilm_dir) -> Path:
     return minilm_dir / "vocab.txt"
 
 
-# The model of the pretraining tests: 2 layers, 32 wide, 32-token examples (test_pretrain.py, test_electra.py, test_recipes.py).
+# The model of the pretraining tests: 2 layers, 32 wide, 32-token examples (test_pretrain.py, test_recipes.py).
 TINY_GEOMETRY = {
     "hidden_size": 32,
     "num_hidden_layers": 2,
@@ -62,7 +62,7 @@ TINY_GEOMETRY = {
     "max_position_embeddings": 64,
     "max_seq_length": 32,
 }
-# A pretraining run small enough for a test: a few steps of that model (test_pretrain.py, test_electra.py).
+# A pretraining run small enough for a test: a few steps of that model (test_pretrain.py).
 TINY_PRETRAIN = {
     "recipe": "paper",  # MLM + NSP on sentence pairs; tests/test_recipes.py runs the packed recipe
     **TINY_GEOMETRY,
