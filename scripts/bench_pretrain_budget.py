@@ -60,6 +60,7 @@ import torch
 from labelled_sets import IMDB, SETS, cpu_name, have_scikit_learn, imdb_set, tfidf_scores, write_jsonl  # scripts/labelled_sets.py
 
 from scratchbert.training.config import DEFAULT_VOCAB_SIZE, PretrainConfig
+from scratchbert.training.plotting import finish_figure
 from scratchbert.training import finetune as finetune_module
 from scratchbert.training.finetune import FinetuneConfig
 
@@ -340,22 +341,8 @@ def plot_label_curve(curves: dict[str, dict[int, list[float]]], path: str | Path
     axis.get_xaxis().set_major_formatter(FuncFormatter(lambda value, _: f"{value:,.0f}"))
     axis.minorticks_off()
     axis.set(xlabel="labelled training examples (log scale)", ylabel="test accuracy", title=title)
-    return _finish(figure, [axis], path)
+    return finish_figure(figure, [axis], path)
 
-
-def _finish(figure, axes, path: str | Path) -> Path:
-    """Grid and legend on every axis, then write the figure as a PNG (creating its folder) and close it."""
-    import matplotlib.pyplot as plt
-
-    for axis in axes:
-        axis.grid(alpha=0.3)
-        axis.legend()
-    figure.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return path
 
 
 def write_label_curve(out: Path, args) -> Path:
@@ -428,7 +415,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--finetune-length", type=int, default=FINETUNE_LENGTH, help="tokens per document (head+tail unless --finetune-option truncation=head); another length than 256 gets its own runs and table")
     parser.add_argument("--epochs", type=float, help="fine-tuning epochs (default: the command's); its runs and table get their own names")
     parser.add_argument("--finetune-lr", type=float, help="fine-tuning peak learning rate (default: the command's, by width); its runs and table get their own names")
-    parser.add_argument("--pooling", choices=["cls", "mean", "max"], help="fine-tuning head's pooling (default: the command's, by width); its runs and table get their own names")
+    parser.add_argument("--pooling", choices=["cls", "mean"], help="fine-tuning head's pooling (default: the command's, by width); its runs and table get their own names")
     parser.add_argument(
         "--finetune-option", dest="finetune_options", action="append", default=[], metavar="NAME=VALUE",
         help="a FinetuneConfig option for every fine-tuning run, e.g. truncation=head or min_steps=600 (repeatable; VALUE "

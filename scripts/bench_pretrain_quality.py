@@ -37,7 +37,7 @@ from scratchbert import ScratchBertConfig, ScratchBertForPreTraining
 from scratchbert.training.config import PretrainConfig
 from scratchbert.training.corpus import TOKENIZER_DIR
 from scratchbert.training import pretrain as pretrain_module
-from scratchbert.training.plotting import read_log
+from scratchbert.training.plotting import finish_figure, read_log
 from scratchbert.training.pretrain import LOG_FILE, pretrain
 
 REPO = Path(__file__).resolve().parents[1]
@@ -88,22 +88,8 @@ def plot_loss_comparison(curves: dict[str, tuple[list[int], list[float]]], path:
     for (label, (steps, losses)), style in zip(curves.items(), ("-", "--", ":", "-.")):
         axis.plot(steps, losses, style, label=label)
     axis.set(xlabel="optimizer step", ylabel="training loss", title=title)
-    return _finish(figure, [axis], path)
+    return finish_figure(figure, [axis], path)
 
-
-def _finish(figure, axes, path: str | Path) -> Path:
-    """Grid and legend on every axis, then write the figure as a PNG (creating its folder) and close it."""
-    import matplotlib.pyplot as plt
-
-    for axis in axes:
-        axis.grid(alpha=0.3)
-        axis.legend()
-    figure.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return path
 
 
 def mlm_chance(tokenizer, eval_texts: list[str]) -> float:

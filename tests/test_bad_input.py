@@ -157,7 +157,7 @@ def test_exports_refuse_a_file_and_the_models_own_folder(model_dir, tmp_path, ca
     assert sorted(path.name for path in model_dir.iterdir()) == before
 
 
-@pytest.mark.parametrize("command", ["fill-mask", "attention-map"])
+@pytest.mark.parametrize("command", ["fill-mask", "attention-map", "finetune"])
 def test_a_tokenizer_larger_than_the_vocabulary_is_named(model_dir, tmp_path, capsys, command):
     shrunk = tmp_path / "shrunk"
     model = ScratchBertForMaskedLM.from_pretrained(model_dir)
@@ -165,6 +165,11 @@ def test_a_tokenizer_larger_than_the_vocabulary_is_named(model_dir, tmp_path, ca
     model.save_pretrained(shrunk)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copyfile(model_dir / name, shrunk / name)
-    argv = [command, "a [MASK] word.", "--model", str(shrunk)] + (["--out", str(tmp_path / "a.png")] if command == "attention-map" else [])
+    (tmp_path / "train.csv").write_text("text,label\n" + "".join(f"document {n} words,{n % 2}\n" for n in range(20)))
+    argv = {
+        "fill-mask": ["fill-mask", "a [MASK] word.", "--model", str(shrunk)],
+        "attention-map": ["attention-map", "a word.", "--model", str(shrunk), "--out", str(tmp_path / "a.png")],
+        "finetune": ["finetune", str(shrunk), "--train-file", str(tmp_path / "train.csv"), "--output-dir", str(tmp_path / "cls")],
+    }[command]
     err = one_line_error(capsys, argv)
     assert "tokens but the model's vocabulary only 20" in err and "resize_token_embeddings" in err

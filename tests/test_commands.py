@@ -102,6 +102,25 @@ def test_every_command_has_help_and_one_error_path(capsys):
     assert "usage: scratchbert" in capsys.readouterr().out
 
 
+# One concept, one flag: what each command reads and writes is named alike wherever it appears.
+SHARED_FLAGS = {
+    "--train-files": ("train-tokenizer", "prepare-data", "pretrain", "finetune"),
+    "--output-dir": ("train-tokenizer", "prepare-data", "pretrain", "finetune"),
+    "--tokenizer": ("prepare-data", "pretrain"),  # finetune: the checkpoint's own, or `tokenizer:` in --config
+    "--no-progress-bar": ("prepare-data", "pretrain", "finetune"),
+    "--overwrite": ("train-tokenizer", "prepare-data", "pretrain", "finetune"),
+}
+
+
+@pytest.mark.parametrize("flag", sorted(SHARED_FLAGS))
+def test_one_concept_has_one_flag_in_every_command(flag):
+    from scratchbert.commands import build_parser
+
+    subcommands = next(action for action in build_parser()._actions if action.dest == "command").choices
+    lacking = [name for name in SHARED_FLAGS[flag] if flag not in subcommands[name]._option_string_actions]
+    assert not lacking, f"{flag} is not a flag of: {', '.join(lacking)}"
+
+
 # --- globs work the same in every command that takes files -----------------------------------
 
 

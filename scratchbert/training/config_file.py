@@ -132,7 +132,8 @@ def add_config_arguments(parser: argparse.ArgumentParser, config_class: type, on
     """One flag per field of `config_class`, plus `--config FILE`.
 
     A field's metadata gives its help text, and optionally "choices", "flag" (its flag name
-    when it is not the field's), "positional" and "file_only" (no flag: set in the --config file,
+    when it is not the field's), "aliases" (more names for it: another command's spelling of the
+    same concept), "positional" and "file_only" (no flag: set in the --config file,
     as rarely changed optimiser constants are). `only`: the fields that get a flag (a command
     that takes a few of the configuration's options; "file_only" does not apply then). Flags
     default to `argparse.SUPPRESS`, so the parsed namespace holds only what the user typed;
@@ -149,7 +150,7 @@ def add_config_arguments(parser: argparse.ArgumentParser, config_class: type, on
         help_text = meta.get("help", "")
         if f.default not in (dataclasses.MISSING, None) and "default" not in help_text:
             help_text += f" (default: {f.default})"
-        names = [f.name] if meta.get("positional") else [meta.get("flag", _flag(f.name))]
+        names = [f.name] if meta.get("positional") else [meta.get("flag", _flag(f.name)), *meta.get("aliases", ())]
         options: dict = {"default": argparse.SUPPRESS, "help": help_text, "dest": f.name}
         if meta.get("positional"):
             options.pop("dest")

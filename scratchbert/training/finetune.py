@@ -38,6 +38,7 @@ from transformers import EarlyStoppingCallback
 from scratchbert.configuration_scratchbert import CLASSIFIER_POOLINGS
 from scratchbert.errors import ScratchBertError
 from scratchbert.tokenization import load_tokenizer
+from scratchbert.weights import check_vocabulary
 from scratchbert.training.checkpoint_info import CheckpointInfo, load_sequence_classifier
 from scratchbert.training.classifier_metrics import (  # noqa: F401  (span and token metrics: for `make_trainer` users)
     document_metrics, document_predictions, report_collapse, span_metrics, token_classification_metrics, unprefixed,
@@ -85,7 +86,7 @@ class FinetuneConfig(ConfigFile):
     output_dir: str | None = field(default=None, metadata={"help": "where the fine-tuned model, tokenizer and metrics.json go (required)"})
     tokenizer: str | None = field(default=None, metadata={"file_only": True, "help": "tokenizer folder or Hub name (default: the checkpoint's)"})
     # --- data: local files or a datasets name ---
-    train_files: list[str] | None = field(default=None, metadata={"flag": "--train-file", "metavar": "FILE", "help": "CSV/TSV/JSON/JSONL/Parquet file(s) or globs, optionally compressed"})
+    train_files: list[str] | None = field(default=None, metadata={"flag": "--train-file", "aliases": ["--train-files"], "metavar": "FILE", "help": "CSV/TSV/JSON/JSONL/Parquet file(s) or globs, optionally compressed"})
     validation_files: list[str] | None = field(default=None, metadata={"flag": "--validation-file", "metavar": "FILE", "help": "default: hold out --validation-fraction of train"})
     test_files: list[str] | None = field(default=None, metadata={"flag": "--test-file", "metavar": "FILE", "help": "scored once at the end with the kept model"})
     dataset_name: str | None = field(default=None, metadata={"flag": "--dataset", "metavar": "NAME", "help": "a datasets name or saved folder, instead of --train-file"})
@@ -137,7 +138,7 @@ class FinetuneConfig(ConfigFile):
     logging_steps: int = field(default=50, metadata={"file_only": True, "help": "log the training loss every N steps"})
     keep_checkpoints: bool = field(default=False, metadata={"help": f"keep the epoch checkpoints under --output-dir/{CHECKPOINTS_DIR} (default: removed at the end)"})
     overwrite: bool = field(default=False, metadata={"help": "allow a non-empty --output-dir"})
-    show_progress: bool = field(default=True, metadata={"help": "show Trainer's progress bars"})
+    show_progress: bool = field(default=True, metadata={"flag": "--progress-bar", "aliases": ["--show-progress"], "help": "show Trainer's progress bars"})
 
     def __post_init__(self) -> None:
         for name in ("train_files", "validation_files", "test_files"):
@@ -409,6 +410,7 @@ def finetune(config: FinetuneConfig, model_class=None) -> dict[str, Any]:
     logger.info("%d tokens per example, %s truncation, up to %d windows per text", inputs["max_length"], inputs["truncation"], inputs["windows"])
     output_dir = check_output_folder(config.output_dir, config.overwrite)
     tokenizer = load_tokenizer(config.tokenizer if config.tokenizer is not None else checkpoint.folder, max_length=inputs["positions"])
+    check_vocabulary(checkpoint.config.get("vocab_size", len(tokenizer)), tokenizer, config.tokenizer or checkpoint.name)
     splits, label_names, doubtful_labels = read_labelled_splits(config, checkpoint)
     splits = tokenize_splits(splits, tokenizer, config.text_column, config.text_pair_column, inputs["max_length"], inputs["truncation"], inputs["windows"])
     schedule = fitted_schedule(config, checkpoint.hidden_size, len(splits["train"]))

@@ -40,10 +40,17 @@ def plot_training_curves(records: list[dict], path: str | Path, title: str = "sc
         accuracy_axis.axhline(0.5, color="grey", linestyle=":", linewidth=1, label="NSP chance")
     loss_axis.set(xlabel="optimizer step", ylabel="loss", title="loss")
     accuracy_axis.set(xlabel="optimizer step", ylabel="accuracy", title="held-out accuracy", ylim=(0, 1))
-    for axis in (loss_axis, accuracy_axis):
+    figure.suptitle(title)
+    return finish_figure(figure, (loss_axis, accuracy_axis), path)
+
+
+def finish_figure(figure, axes, path: str | Path) -> Path:
+    """Grid and legend on every axis, then write the figure as a PNG (creating its folder) and close it."""
+    import matplotlib.pyplot as plt
+
+    for axis in axes:
         axis.grid(alpha=0.3)
         axis.legend()
-    figure.suptitle(title)
     figure.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
