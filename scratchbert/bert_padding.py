@@ -197,6 +197,40 @@ def linear_cost_per_token(config) -> float:
     return 2 * config.hidden_size + config.intermediate_size
 
 
+def real_token_grid(keep: torch.Tensor) -> torch.Tensor:
+    """The flattened positions b * S + s of each row's real tokens, in order, padded with -1: (B, S)."""
+    batch, seq = keep.shape
+    ranks = keep.long().cumsum(dim=1) - 1  # rank of each real token within its row
+    where = torch.full((batch, seq), -1, dtype=torch.long, device=keep.device)
+    positions = torch.arange(batch * seq, device=keep.device).view(batch, seq)
+    where[keep.nonzero(as_tuple=True)[0], ranks[keep]] = positions[keep]
+    return where
+
+
+def _buckets_of(where: torch.Tensor, lengths: list[int], plan: list[list[int]], make_key_mask) -> tuple[list, list, list]:
+    """Each planned bucket's rows of the packed layout: (buckets, the source position of each row, which rows are real)."""
+    buckets, sources, valids, offset = [], [], [], 0
+    for members in plan:
+        length = lengths[members[0]]  # longest first
+        index = torch.tensor(members, device=where.device)
+        grid = where[index, :length]  # (n, L): real positions, -1 past each sequence's end
+        valid = grid >= 0
+        first = grid[:, :1].expand_as(grid)  # a padded slot reads its sequence's first token
+        sources.append(torch.where(valid, grid, first).reshape(-1))
+        valids.append(valid.reshape(-1))
+        padded = not bool(valid.all())
+        buckets.append(
+            AttentionBucket(
+                rows=slice(offset, offset + grid.numel()),
+                key_mask=make_key_mask(valid.long()) if padded else None,
+                num_seqs=len(members),
+                length=length,
+            )
+        )
+        offset += grid.numel()
+    return buckets, sources, valids
+
+
 def pack_sequences(
     attention_mask: torch.Tensor,
     config,
@@ -224,31 +258,9 @@ def pack_sequences(
     lengths = lengths_t.tolist()
     cu_seqlens = torch.zeros(batch + 1, dtype=torch.long, device=device)
     cu_seqlens[1:] = lengths_t.cumsum(0)
-    # Flattened positions b * S + s of each row's real tokens, in order, padded with -1: (B, S).
-    ranks = keep.long().cumsum(dim=1) - 1  # rank of each real token within its row
-    where = torch.full((batch, seq), -1, dtype=torch.long, device=device)
-    positions = torch.arange(batch * seq, device=device).view(batch, seq)
-    where[keep.nonzero(as_tuple=True)[0], ranks[keep]] = positions[keep]
-
-    buckets, sources, valids, offset = [], [], [], 0
-    for members in plan_buckets(lengths, linear_cost_per_token(config), call_cost):
-        length = lengths[members[0]]  # longest first
-        index = torch.tensor(members, device=device)
-        grid = where[index, :length]  # (n, L): real positions, -1 past each sequence's end
-        valid = grid >= 0
-        first = grid[:, :1].expand_as(grid)  # a padded slot reads its sequence's first token
-        sources.append(torch.where(valid, grid, first).reshape(-1))
-        valids.append(valid.reshape(-1))
-        padded = not bool(valid.all())
-        buckets.append(
-            AttentionBucket(
-                rows=slice(offset, offset + grid.numel()),
-                key_mask=make_key_mask(valid.long()) if padded else None,
-                num_seqs=len(members),
-                length=length,
-            )
-        )
-        offset += grid.numel()
+    where = real_token_grid(keep)
+    plan = plan_buckets(lengths, linear_cost_per_token(config), call_cost)
+    buckets, sources, valids = _buckets_of(where, lengths, plan, make_key_mask)
 
     empty = torch.zeros(0, dtype=torch.long, device=device)
     source = torch.cat(sources) if sources else empty

@@ -534,13 +534,8 @@ def train_tokenizer(
         tokenizer = wordpiece_pipeline({token: index for index, token in enumerate(vocab)}, **options)
     else:
         _train_with_tokenizers(tokenizer, texts, vocab_size, min_frequency, show_progress)
-    return wrap_tokenizer(
-        tokenizer,
-        lowercase=lowercase,
-        strip_accents=strip_accents,
-        handle_chinese_chars=handle_chinese_chars,
-        model_max_length=model_max_length,
-    )
+    options.pop("clean_text")  # the pipeline's; the wrapper records the casing options
+    return wrap_tokenizer(tokenizer, model_max_length=model_max_length, **options)
 
 
 def _train_with_tokenizers(tokenizer: Tokenizer, texts, vocab_size: int, min_frequency: int, show_progress: bool) -> None:
