@@ -106,31 +106,32 @@ def hub_snapshot(name: str, weights: bool = True) -> Path:
 
 
 def model_folder(model_dir: str | Path) -> Path:
-    """`model_dir` as a saved model's folder: it exists and holds a config.json; a Hub name is fetched first."""
+    """`model_dir` as a saved model's folder: it exists and holds a config.json that parses; a Hub name is fetched first."""
+    return _folder_and_config(model_dir)[0]
+
+
+def read_model_config(model_dir: str | Path) -> dict:
+    """The saved model's config.json, as a mapping."""
+    return _folder_and_config(model_dir)[1]
+
+
+def _folder_and_config(model_dir: str | Path) -> tuple[Path, dict]:
     folder = Path(model_dir)
     if not folder.exists() and is_hub_name(str(model_dir)):
         folder = hub_snapshot(str(model_dir))
     if not folder.is_dir():
         raise MissingFileError(f"no such model folder: {folder}; {SAVE_HINT}.")
-    if not (folder / CONFIG_FILE).is_file():
+    path = folder / CONFIG_FILE
+    if not path.is_file():
         raise MissingFileError(f"no model in {folder}: it has no config.json; {SAVE_HINT}.")
-    _parse_config(folder / CONFIG_FILE)  # a damaged config.json: one line here, not transformers' OSError later
-    return folder
-
-
-def _parse_config(path: Path) -> dict:
+    # A damaged config.json: one line here, not transformers' OSError later.
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ScratchBertError(f"{path} is not valid JSON ({err}): the model's config is damaged; save the model again.") from None
     if not isinstance(config, dict):
         raise ScratchBertError(f"{path} holds a JSON {type(config).__name__}, not a model config; save the model again.")
-    return config
-
-
-def read_model_config(model_dir: str | Path) -> dict:
-    """The saved model's config.json, as a mapping."""
-    return _parse_config(model_folder(model_dir) / CONFIG_FILE)
+    return folder, config
 
 
 def check_vocabulary(vocab_size: int, tokenizer, where: str | Path) -> None:
