@@ -18,6 +18,13 @@ The policy:
 
 from __future__ import annotations
 
+import errno
+import shutil
+
+# Below this much free space, a write that failed without saying why is taken for a full disk.
+NEARLY_FULL_BYTES = 64 * 2**20
+_FULL_DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+
 
 class ScratchBertError(ValueError):
     """A problem the user can fix; the message says what it is and how.
@@ -51,4 +58,22 @@ def corrupt_weights(path, reason: str) -> CorruptCheckpointError:
     )
 
 
-__all__ = ["ScratchBertError", "MissingFileError", "CorruptCheckpointError", "NonFiniteLossError", "corrupt_weights"]
+def disk_full(error: BaseException, folder) -> bool:
+    """Whether `error`, raised while writing into `folder`, means its disk (or quota) is full.
+
+    The OS says so with ENOSPC or EDQUOT, safetensors in its message; torch's zip writer only
+    says "unexpected pos", so a write error with under `NEARLY_FULL_BYTES` left counts too.
+    """
+    if isinstance(error, OSError):
+        return error.errno in _FULL_DISK_ERRNOS
+    if "No space left on device" in str(error) or "Disk quota exceeded" in str(error):
+        return True
+    if not isinstance(error, RuntimeError):
+        return False
+    try:
+        return shutil.disk_usage(folder).free < NEARLY_FULL_BYTES
+    except OSError:
+        return False
+
+
+__all__ = ["ScratchBertError", "MissingFileError", "CorruptCheckpointError", "NonFiniteLossError", "corrupt_weights", "disk_full"]

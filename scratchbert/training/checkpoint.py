@@ -8,13 +8,18 @@ Layout of a run's output directory:
           trainer_state.json      sampler and every process's RNG streams; plus our own
         step-400/                 counters (step, epoch, position in the epoch) and the config
         .tmp-step-600/            a checkpoint being written (ignored, removed on the next save)
+        .deleting-step-200/       an old checkpoint being removed (ignored, removed on the next save)
 
 Why it is safe: a checkpoint is written into `.tmp-step-N` and only then renamed to
 `step-N`. A rename within one directory is atomic on POSIX filesystems, so `step-N`
 either does not exist or is complete; a process killed mid-write leaves only a
 `.tmp-*` directory, which `list_checkpoints` never returns. `trainer_state.json` is
 written last and checked on load, as a second guard (e.g. against a copy made by hand).
-Old checkpoints are deleted only after the new one is in place.
+Old checkpoints are deleted only after the new one is in place, and each is first renamed to a
+`.deleting-*` name, so an interrupted deletion leaves no half-emptied `step-N` behind. A save
+the disk refuses (it is full) removes what it wrote and stops with a one-line error; the
+previous checkpoint stays the newest. `resumable_checkpoint` reads the newest checkpoint's
+files before a resumed run writes anything, and names one that was cut short.
 
 All processes must call `save_checkpoint` (every rank writes its own RNG state); the
 renames and deletions happen on the main process, between barriers. For multi-node runs
@@ -29,14 +34,18 @@ import logging
 import os
 import re
 import shutil
+import zipfile
 from pathlib import Path
 
-from scratchbert.errors import ScratchBertError
+from accelerate.utils import gather_object
+
+from scratchbert.errors import CorruptCheckpointError, ScratchBertError, disk_full
 from scratchbert.training.config import PretrainConfig, resumable_options
 
 CHECKPOINTS = "checkpoints"
 STATE_FILE = "trainer_state.json"
 TMP_PREFIX = ".tmp-"
+DELETING_PREFIX = ".deleting-"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
 def checkpoint_dir(output_dir: str | Path, step: int) -> Path:
@@ -83,22 +92,18 @@ def save_checkpoint(accelerator, output_dir: str | Path, step: int, trainer_stat
     """Write `output_dir/checkpoints/step-<step>` atomically and keep only the last `keep_last`.
 
     Call on every process. `trainer_state` is stored as `trainer_state.json` next to the
-    files of `accelerator.save_state`. Returns the final checkpoint path.
+    files of `accelerator.save_state`. Returns the final checkpoint path. Raises a
+    ScratchBertError on every process, having removed what it wrote, when the disk is full.
     """
     root = Path(output_dir) / CHECKPOINTS
     final = root / f"step-{step}"
     tmp = root / f"{TMP_PREFIX}step-{step}"
     if accelerator.is_main_process:
         root.mkdir(parents=True, exist_ok=True)
-        for stale in root.glob(f"{TMP_PREFIX}*"):  # left behind by a crash during an earlier save
-            shutil.rmtree(stale, ignore_errors=True)
+        _remove_leftovers(root)
         tmp.mkdir()
     accelerator.wait_for_everyone()
-    with _quiet_about_tied_weights():
-        accelerator.save_state(str(tmp))
-    if accelerator.is_main_process:
-        write_json(tmp / STATE_FILE, trainer_state)
-    accelerator.wait_for_everyone()
+    _write_or_stop(accelerator, tmp, trainer_state, final)
     if accelerator.is_main_process:
         if final.exists():  # the same step saved again (e.g. a resumed run): swap, then delete the old one
             retired = root / f"{TMP_PREFIX}retired-step-{step}"
@@ -109,9 +114,56 @@ def save_checkpoint(accelerator, output_dir: str | Path, step: int, trainer_stat
             tmp.rename(final)
         _fsync_dir(root)
         for _, old in list_checkpoints(output_dir)[:-keep_last]:
-            shutil.rmtree(old, ignore_errors=True)
+            _delete(old)
     accelerator.wait_for_everyone()
     return final
+
+
+def _remove_leftovers(root: Path) -> None:
+    """What a crash left: a checkpoint half written (`.tmp-*`) or half deleted (`.deleting-*`)."""
+    for prefix in (TMP_PREFIX, DELETING_PREFIX):
+        for stale in root.glob(f"{prefix}*"):
+            shutil.rmtree(stale, ignore_errors=True)
+
+
+def _delete(checkpoint: Path) -> None:
+    """Remove a checkpoint so that an interruption leaves it complete or gone: renamed out of the
+    `step-N` names first (atomic), then deleted (the next save finishes an interrupted deletion)."""
+    doomed = checkpoint.with_name(DELETING_PREFIX + checkpoint.name)
+    checkpoint.rename(doomed)
+    _fsync_dir(checkpoint.parent)
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
+def _write_or_stop(accelerator, tmp: Path, trainer_state: dict, final: Path) -> None:
+    """Every process writes its part into `tmp`; if the disk refused any part, all stop together.
+
+    The processes agree through a gather (which is also the barrier after writing), so a rank
+    whose write failed cannot leave the others waiting. `tmp` is removed before the error.
+    """
+    refused = None
+    try:
+        with _quiet_about_tied_weights():
+            accelerator.save_state(str(tmp))
+        if accelerator.is_main_process:
+            write_json(tmp / STATE_FILE, trainer_state)
+    except Exception as error:  # torch, safetensors and the OS each report a full disk their own way
+        if not disk_full(error, tmp):
+            raise
+        refused = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+    refusals = gather_object([refused]) if accelerator.num_processes > 1 else [refused]
+    refused = next((why for why in refusals if why), None)
+    if refused is None:
+        return
+    if accelerator.is_main_process:
+        shutil.rmtree(tmp, ignore_errors=True)
+    newest = list_checkpoints(final.parent.parent)
+    kept = f"{newest[-1][1]} is still the newest checkpoint" if newest else "no checkpoint was kept"
+    raise ScratchBertError(
+        f"the disk is full: checkpoint {final.name} could not be written in {final.parent} ({refused}) and was removed; "
+        f"{kept}. Free some space (or lower --keep-last), then continue with --resume.",
+        every_process=True,
+    )
 
 
 class _DropTiedWeightNotice(logging.Filter):
@@ -147,6 +199,50 @@ def read_trainer_state(path: str | Path) -> dict:
     if missing:
         raise ScratchBertError(f"{state_file} lacks {', '.join(missing)}: it was not written by scratchbert pretrain.")
     return state
+
+
+def damage(path: str | Path) -> str | None:
+    """What is wrong with checkpoint `path`'s files (a cut or half-copied one), or None when each reads whole.
+
+    Only the structure is read, not the tensors: a safetensors header records every tensor's
+    byte range (so a cut file fails to open), and torch's `.bin`/`.pkl` are zips whose
+    directory sits at their end (so a cut one is no zip at all).
+    """
+    from safetensors import safe_open
+
+    for file in sorted(Path(path).iterdir()):
+        try:
+            if file.suffix == ".safetensors":
+                with safe_open(str(file), framework="pt"):
+                    pass
+            elif file.suffix in (".bin", ".pkl", ".pt") and not zipfile.is_zipfile(file):
+                return f"{file.name} is cut short or not a torch file"
+        except Exception as error:  # safetensors' errors have no base class of their own
+            return f"{file.name}: {str(error).splitlines()[0]}"
+    return None
+
+
+def resumable_checkpoint(output_dir: str | Path) -> Path | None:
+    """The newest checkpoint, once its files are known to read whole; None when there is none.
+
+    A damaged newest checkpoint is refused, not passed over: a run resumed from the one before
+    would save over the damaged one at its step, and it may be a copy still being made or a file
+    that can be restored. The error names the previous complete checkpoint and how to take it.
+    """
+    existing = list_checkpoints(output_dir)
+    if not existing:
+        return None
+    latest = existing[-1][1]
+    problem = damage(latest)
+    if problem is None:
+        return latest
+    previous = next((path for _, path in reversed(existing[:-1]) if damage(path) is None), None)
+    fix = (
+        f"move it away or delete it to resume from {previous.name}, the newest complete one"
+        if previous
+        else "no earlier checkpoint is complete: copy the file again, or start over with --overwrite"
+    )
+    raise CorruptCheckpointError(f"the newest checkpoint {latest} is damaged ({problem}), so --resume cannot continue from it: {fix}.")
 
 
 def config_differences(saved: dict, current: dict) -> list[str]:
