@@ -13,6 +13,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
+import os
 import typing
 from pathlib import Path
 
@@ -39,8 +41,18 @@ class ConfigFile:
         return {"config_version": self.VERSION, **self.to_dict()} if self.VERSION is not None else self.to_dict()
 
     def save(self, path: str | Path) -> None:
-        """Write the resolved configuration as JSON (it reloads with `from_file`)."""
-        Path(path).write_text(json.dumps(self.to_saved_dict(), indent=2) + "\n", encoding="utf-8")
+        """Write the resolved configuration as JSON (it reloads with `from_file`).
+
+        Atomically: written beside `path`, then renamed over it, so a failed write (a full disk)
+        leaves the file that was there whole.
+        """
+        path = Path(path)
+        partial = path.with_name(f".{path.name}.partial")
+        try:
+            partial.write_text(json.dumps(self.to_saved_dict(), indent=2) + "\n", encoding="utf-8")
+            os.replace(partial, path)
+        finally:
+            partial.unlink(missing_ok=True)
 
     @classmethod
     def upgrade(cls, values: dict) -> dict:
@@ -74,7 +86,7 @@ class ConfigFile:
     def resolve(cls, file_values: dict | None = None, flag_values: dict | None = None):
         """The configuration, and the source of each option's value: "flag" > "file" > the layers
         the configuration fills in itself (`default_layers`) > "default"."""
-        file_values = cls.upgrade(dict(file_values or {}))
+        file_values = numbers_read_as_text(cls, cls.upgrade(dict(file_values or {})))
         flag_values = dict(flag_values or {})
         config = cls.from_values({**file_values, **flag_values})
         layers = config.default_layers()
@@ -83,6 +95,49 @@ class ConfigFile:
             for f in dataclasses.fields(cls)
         }
         return config, sources
+
+
+def numbers_read_as_text(config_class: type, values: dict) -> dict:
+    """`values` with each number a file wrote as text made a number again, for the options that take one.
+
+    YAML 1.1 (PyYAML's) reads `1e-3` and `5e5` as strings: its floats need a dot and a signed
+    exponent (`1.0e-3`). A string in a numeric option that is a number means that number; any
+    other string there is refused, naming the option and the fix.
+    """
+    hints = typing.get_type_hints(config_class)
+    converted = dict(values)
+    for name, value in values.items():
+        kind = _number_kind(hints.get(name))
+        if kind is None or not isinstance(value, str):
+            continue
+        number = _parse_number(value, kind)
+        if number is None:
+            example = {int: "1000", float: "0.001"}[kind]
+            raise ScratchBertError(
+                f"option {name} in the --config file is {value!r}, which is not {'an integer' if kind is int else 'a number'}: "
+                f"write a number there, e.g. `{name}: {example}`."
+            )
+        converted[name] = number
+    return converted
+
+
+def _number_kind(hint) -> type | None:
+    """int or float when an option of type `hint` takes a number (`float | None` included), else None."""
+    kinds = {a for a in typing.get_args(hint) if a is not type(None)} if typing.get_args(hint) else {hint}
+    return next(iter(kinds)) if len(kinds) == 1 and kinds <= {int, float} else None
+
+
+def _parse_number(text: str, kind: type) -> int | float | None:
+    """The number `text` writes (an int only if whole, for an int option), or None."""
+    try:
+        number = float(text.strip())
+    except ValueError:
+        return None
+    if not math.isfinite(number):
+        return None
+    if kind is float:
+        return number
+    return int(number) if number.is_integer() else None
 
 
 def format_sources(config: ConfigFile, sources: dict[str, str]) -> str:
@@ -186,4 +241,4 @@ def config_from_args(args: argparse.Namespace, config_class: type):
     return resolve_args(args, config_class)[0]
 
 
-__all__ = ["ConfigFile", "add_config_arguments", "config_from_args", "format_sources", "read_config_file", "resolve_args"]
+__all__ = ["ConfigFile", "add_config_arguments", "config_from_args", "format_sources", "numbers_read_as_text", "read_config_file", "resolve_args"]
