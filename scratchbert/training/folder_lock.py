@@ -6,6 +6,7 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from accelerate import Accelerator, PartialState
@@ -34,12 +35,17 @@ class OutputDirLock:
     Once the run writes, `LOCK_FILE` says who holds the folder, for the error a second run
     gives. The main process holds it; on a file system without locks (some network mounts), or
     on Windows, runs are not locked. `kind` names the run in that file ("scratchbert pretrain").
+
+    A folder that did not exist at the first `claim` is locked only once the run makes it, so
+    another run may have written there meanwhile: `claim(..., recheck=...)` looks again, under
+    the lock and before the first write (`folder_existed` says which case it is).
     """
 
     def __init__(self, output_dir: str | os.PathLike, kind: str):
         self.folder = Path(output_dir)
         self.kind = kind
         self._fd: int | None = None
+        self.folder_existed: bool | None = None  # at the first claim (main process)
 
     def __enter__(self) -> OutputDirLock:
         return self
@@ -47,24 +53,40 @@ class OutputDirLock:
     def __exit__(self, *exc) -> None:
         self.release()
 
-    def claim(self, state: Accelerator | PartialState, writing: bool = False) -> None:
+    def claim(self, state: Accelerator | PartialState, writing: bool = False, recheck: Callable[[], str | None] | None = None) -> None:
         """Hold the lock if the folder exists (a no-op once held); raise on every process if another run holds it.
 
         writing: the run writes there from now on, so the folder is made first, and once held it
         says who holds it.
+        recheck: called on the main process once the lock is held, before anything is written:
+        a message refuses the folder (e.g. another run finished there meanwhile).
         """
         refused = None
         if state.is_main_process:
-            if writing:
-                self.folder.mkdir(parents=True, exist_ok=True)
-            if self._fd is None and self.folder.is_dir():
-                refused = self._try_lock()
-            if writing and refused is None:
-                self._write_holder()
+            if self.folder_existed is None:
+                self.folder_existed = self.folder.is_dir()
+            try:
+                refused = self._claim_here(writing, recheck)
+            except PermissionError as error:  # a read-only folder (the holder's note cannot be written)
+                refused = (
+                    f"--output-dir {self.folder} is not writable ({error.strerror}: {error.filename}): "
+                    "choose another --output-dir, or make it writable."
+                )
         if state.num_processes > 1:  # only the main process knows, and every process must stop
             refused = broadcast_object_list([refused])[0]
         if refused:
             raise ScratchBertError(refused, every_process=True)
+
+    def _claim_here(self, writing: bool, recheck: Callable[[], str | None] | None) -> str | None:
+        """The main process's part of `claim`: the message that refuses the folder, or None."""
+        if writing:
+            self.folder.mkdir(parents=True, exist_ok=True)
+        refused = self._try_lock() if self._fd is None and self.folder.is_dir() else None
+        if refused is None and recheck is not None:
+            refused = recheck()
+        if writing and refused is None:
+            self._write_holder()
+        return refused
 
     def _try_lock(self) -> str | None:
         """Lock the folder; the error message when another process holds it."""

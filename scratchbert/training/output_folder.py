@@ -13,12 +13,13 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
 from accelerate import Accelerator
 
-from scratchbert.errors import ScratchBertError
+from scratchbert.errors import ScratchBertError, disk_full
 from scratchbert.training import checkpoint as ckpt
 from scratchbert.training.config import PretrainConfig
 from scratchbert.training.corpus import TOKENIZER_DIR
@@ -58,12 +59,14 @@ def check_output_folder(path: str | Path, overwrite: bool, *, resume: bool | Non
     held:      path -> a description of what the command would replace there, or None when
                nothing; `folder_contents` (any file) unless the command knows better (`run_contents`).
 
-    Reads the folder only and returns it as a Path. Raises a ScratchBertError when path is a file,
-    or when it holds something and neither --overwrite nor --resume says what to do with it.
+    Reads the folder only and returns it as a Path. Raises a ScratchBertError when path is a file
+    or cannot be written, or when it holds something and neither --overwrite nor --resume says
+    what to do with it.
     """
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise ScratchBertError(f"--output-dir {path} is a file, not a directory: choose another path.")
+    check_writable(path)
     if overwrite or resume:
         return path
     contents = held(path)
@@ -73,17 +76,29 @@ def check_output_folder(path: str | Path, overwrite: bool, *, resume: bool | Non
     raise ScratchBertError(f"--output-dir {path} already holds {contents}: {choices}, or choose another --output-dir.")
 
 
+def check_writable(path: Path) -> None:
+    """Refuse a folder the command could not write, before any long work: the folder itself, or
+    the nearest existing folder above it, where it would be made."""
+    existing = next(folder for folder in (path, *path.absolute().parents) if folder.exists())
+    if not os.access(existing, os.W_OK | os.X_OK):
+        where = "it" if existing == path else f"{existing}, where it would be made,"
+        raise ScratchBertError(
+            f"--output-dir {path}: {where} is read-only for this user: choose another --output-dir, or make it writable."
+        )
+
+
 def check_output_dir(config: PretrainConfig) -> dict | None:
     """Decide between a fresh start and a resumption; return the checkpoint's state to resume from.
 
     Reads the folder only (`check_output_folder`). Raises a ScratchBertError when the checkpoint
-    to resume belongs to a different run.
+    to resume is damaged (`ckpt.resumable_checkpoint`) or belongs to a different run.
     """
     output_dir = check_output_folder(config.output_dir, config.overwrite, resume=config.resume, held=run_contents)
-    existing = ckpt.list_checkpoints(output_dir)
-    if config.overwrite or not existing:
+    if config.overwrite:
         return None
-    latest = existing[-1][1]
+    latest = ckpt.resumable_checkpoint(output_dir)
+    if latest is None:
+        return None
     state = ckpt.check_compatible(latest, config.to_dict())
     state["path"] = str(latest)
     return state
@@ -94,18 +109,40 @@ def prepare_output_dir(config: PretrainConfig, accelerator: Accelerator, tokeniz
 
     With --overwrite the old checkpoints and final model go only now, after the new run's data
     was built. A fresh start saves its tokenizer; a resumed run keeps the one it started with.
+    A folder made only now (it was absent when checked) is looked at again under the lock: a
+    run that finished there meanwhile is refused, not overwritten (`taken_meanwhile`).
     """
     output_dir = Path(config.output_dir)
-    lock.claim(accelerator, writing=True)  # made now; a folder that did not exist when the run started is claimed only now
+    recheck = None if config.overwrite else lambda: taken_meanwhile(output_dir, lock)
+    lock.claim(accelerator, writing=True, recheck=recheck)  # a folder that did not exist when the run started is claimed only now
     if accelerator.is_main_process:
-        if config.overwrite:
-            shutil.rmtree(output_dir / ckpt.CHECKPOINTS, ignore_errors=True)
-            for name in FINAL_FILES:
-                (output_dir / name).unlink(missing_ok=True)
-        config.save(output_dir / RUN_CONFIG_FILE)
-        if fresh_start or not (output_dir / TOKENIZER_DIR).is_dir():
-            tokenizer.save_pretrained(output_dir / TOKENIZER_DIR)
+        try:
+            if config.overwrite:
+                shutil.rmtree(output_dir / ckpt.CHECKPOINTS, ignore_errors=True)
+                for name in FINAL_FILES:
+                    (output_dir / name).unlink(missing_ok=True)
+            config.save(output_dir / RUN_CONFIG_FILE)  # atomic: the old record stays whole if this fails
+            if fresh_start or not (output_dir / TOKENIZER_DIR).is_dir():
+                tokenizer.save_pretrained(output_dir / TOKENIZER_DIR)
+        except OSError as error:
+            if not disk_full(error, output_dir):
+                raise
+            raise ScratchBertError(f"the disk of --output-dir {output_dir} is full ({error.strerror}): free some space and run again.") from None
     accelerator.wait_for_everyone()
+
+
+def taken_meanwhile(output_dir: Path, lock: OutputDirLock) -> str | None:
+    """Why a folder that was absent when this run checked it may not be written now: another run's
+    checkpoints, configuration or model appeared there while this one prepared its data."""
+    if lock.folder_existed:  # held since the check: nothing else wrote there
+        return None
+    contents = run_contents(output_dir)
+    if contents is None:
+        return None
+    return (
+        f"--output-dir {output_dir} was empty when this run started, but another run has since written {contents} there: "
+        "nothing was changed. Pass --resume to continue it, --overwrite to replace it, or choose another --output-dir."
+    )
 
 
 def save_final_model(accelerator: Accelerator, model, tokenizer, output_dir: Path, finetune_dropout: float) -> None:
