@@ -3,30 +3,42 @@
 Each case is one a new user met (issue 79): compressed files that are cut short or are not
 compressed, a model folder whose config.json is not JSON, an image name matplotlib cannot
 write, export folders that are a file or the model's own folder, a tokenizer larger than the
-model's vocabulary. The commands run in-process through `scratchbert.commands.main`, as the
-console script runs them.
+model's vocabulary; and the faults of a pretraining run's folder: YAML numbers read as text, a
+damaged checkpoint to resume, read-only folders, a full disk, Ctrl-C and SIGTERM, an interrupted
+checkpoint rotation, two runs started into one new folder. The commands run in-process through
+`scratchbert.commands.main`, as the console script runs them.
 """
 
 from __future__ import annotations
 
 import bz2
+import errno
 import gzip
 import json
 import lzma
 import os
 import shutil
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
+from accelerate import Accelerator
 
 from scratchbert import ScratchBertForMaskedLM
 from scratchbert.commands import main
 from scratchbert.errors import ScratchBertError
 from scratchbert.ingestion import DataError, load_documents, load_table, read_lines
 from scratchbert.tokenization import train_tokenizer
+from scratchbert.training import checkpoint as ckpt
+from scratchbert.training import output_folder
+from scratchbert.training import pretrain as pretrain_module
+from scratchbert.training.config import PretrainConfig
+from scratchbert.training.folder_lock import LOCK_FILE, OutputDirLock
 from scratchbert.weights import model_folder
-from conftest import tiny_bert_config
+from conftest import TINY_PRETRAIN, documentation_corpus, python_path, saved_tokenizer, tiny_bert_config
 
 TEXT = "".join(f"document {n} has a few words of plain text in it.\n\n" for n in range(3000))
 
@@ -173,3 +185,252 @@ def test_a_tokenizer_larger_than_the_vocabulary_is_named(model_dir, tmp_path, ca
     }[command]
     err = one_line_error(capsys, argv)
     assert "tokens but the model's vocabulary only 20" in err and "resize_token_embeddings" in err
+
+
+# --------------------------------------------------------------------------------------
+# A pretraining run's folder: config files, damaged checkpoints, permissions, disk, signals
+# --------------------------------------------------------------------------------------
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def run_flags(tmp_path_factory) -> list[str]:
+    """`scratchbert pretrain` flags of a 4-step tiny run on a small corpus, checkpoints at 2 and 4."""
+    corpus = documentation_corpus(tmp_path_factory, documents=40)
+    tokenizer = saved_tokenizer(tmp_path_factory, corpus, vocab_size=400)
+    values = {**TINY_PRETRAIN, "max_steps": 4, "eval_every": 0, "train_files": str(corpus), "tokenizer": str(tokenizer)}
+    flags = []
+    for name, value in values.items():
+        flag = "--" + name.replace("_", "-")
+        flags += [flag] if value is True else [f"--no-{flag[2:]}"] if value is False else [flag, str(value)]
+    return flags
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory, run_flags) -> Path:
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    folder = tmp_path_factory.mktemp("runs") / "finished"
+    assert main(["pretrain", *run_flags, "--output-dir", str(folder), "--fill-mask"]) == 0
+    AcceleratorState._reset_state(reset_partial_state=True)
+    return folder
+
+
+def snapshot(folder: Path) -> dict:
+    """Every file under `folder`, byte for byte (and every folder, by name)."""
+    return {str(p.relative_to(folder)): p.read_bytes() if p.is_file() else None for p in sorted(folder.rglob("*"))}
+
+
+def pretrain_argv(run_flags, output_dir: Path, *more: str) -> list[str]:
+    return ["pretrain", *run_flags, "--output-dir", str(output_dir), "--fill-mask", *more]
+
+
+def test_yaml_numbers_read_as_text_are_numbers_and_other_text_is_named(tmp_path, capsys):
+    config = tmp_path / "run.yaml"
+    config.write_text("learning_rate: 1e-3\nmax_steps: 2e3\nwarmup_ratio: .05\n")  # YAML 1.1: the first two are strings
+    assert main(["pretrain", "--config", str(config), "--print-config"]) == 0
+    table = capsys.readouterr().out
+    assert "learning_rate" in table and "0.001" in table and "2000" in table
+    loaded = PretrainConfig.from_file(config)
+    assert (loaded.learning_rate, loaded.max_steps) == (0.001, 2000) and isinstance(loaded.max_steps, int)
+    for text, kind in (("learning_rate: fast", "a number"), ("max_steps: 1.5e2.0", "an integer"), ("max_steps: 2.55e1", "an integer")):
+        config.write_text(text + "\n")
+        err = one_line_error(capsys, ["pretrain", "--config", str(config), "--print-config"])
+        assert f"option {text.split(':')[0]} in the --config file is" in err and f"not {kind}" in err and "write a number there" in err
+
+
+@pytest.mark.usefixtures("fresh_accelerator_state")
+@pytest.mark.parametrize("damaged_file", ["model.safetensors", "optimizer.bin"])
+def test_resuming_a_damaged_checkpoint_names_it_offers_the_one_before_and_changes_nothing(finished_run, run_flags, tmp_path, capsys, damaged_file):
+    run = copy_of(finished_run, tmp_path / "run")
+    damaged = run / "checkpoints" / "step-4" / damaged_file
+    damaged.write_bytes(damaged.read_bytes()[: damaged.stat().st_size // 2])
+    before = snapshot(run)
+    err = one_line_error(capsys, pretrain_argv(run_flags, run, "--resume"))
+    assert f"the newest checkpoint {run / 'checkpoints' / 'step-4'} is damaged ({damaged_file}" in err
+    assert "move it away or delete it to resume from step-2, the newest complete one" in err
+    assert snapshot(run) == before  # pretrain_config.json, the log, the lock: nothing written
+
+    shutil.rmtree(run / "checkpoints" / "step-2")
+    assert "no earlier checkpoint is complete" in one_line_error(capsys, pretrain_argv(run_flags, run, "--resume"))
+
+
+@pytest.mark.usefixtures("fresh_accelerator_state")
+def test_read_only_output_folders_are_refused_before_any_work(finished_run, run_flags, model_dir, tmp_path, capsys, monkeypatch):
+    # As root every folder is writable, so a read-only one is what os.access answers for it.
+    read_only = {tmp_path / "ro", tmp_path / "run"}
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode: Path(path) not in read_only and real_access(path, mode))
+    (tmp_path / "ro").mkdir()
+    err = one_line_error(capsys, pretrain_argv(run_flags, tmp_path / "ro" / "new"))
+    assert f"--output-dir {tmp_path / 'ro' / 'new'}: {tmp_path / 'ro'}, where it would be made, is read-only" in err
+    assert not any((tmp_path / "ro").iterdir())
+
+    run = copy_of(finished_run, tmp_path / "run")
+    before = snapshot(run)
+    assert f"--output-dir {run}: it is read-only for this user" in one_line_error(capsys, pretrain_argv(run_flags, run, "--resume"))
+    assert snapshot(run) == before
+
+    (tmp_path / "train.csv").write_text("text,label\n" + "".join(f"document {n} words,{n % 2}\n" for n in range(20)))
+    argv = ["finetune", str(model_dir), "--train-file", str(tmp_path / "train.csv"), "--output-dir", str(tmp_path / "ro" / "cls")]
+    assert "is read-only for this user" in one_line_error(capsys, argv)
+
+
+def test_a_lock_that_cannot_be_written_is_one_error(tmp_path, monkeypatch):
+    """The folder lock's own writes (its folder, the note of who holds it) refused: the folder named, not a PermissionError."""
+    real_write = Path.write_text
+
+    def read_only(path, *args, **kwargs):
+        if path.name == LOCK_FILE:
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real_write(path, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", read_only)
+    main_process = type("Main", (), {"is_main_process": True, "num_processes": 1})()
+    with OutputDirLock(tmp_path / "run", "test") as lock, pytest.raises(ScratchBertError, match=r"run is not writable \(Permission denied: .*\.scratchbert\.lock\): choose another --output-dir"):
+        lock.claim(main_process, writing=True)
+
+
+def _accelerator_and_model():
+    accelerator = Accelerator(cpu=True)
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    return accelerator, *accelerator.prepare(model, optimizer)
+
+
+@pytest.mark.usefixtures("fresh_accelerator_state")
+def test_a_full_disk_during_a_checkpoint_leaves_nothing_half_written(tmp_path, monkeypatch):
+    accelerator, _, _ = _accelerator_and_model()
+    state = {"step": 2, "epoch": 0, "batches_in_epoch": 2, "config": {}}
+    saved = ckpt.save_checkpoint(accelerator, tmp_path, 2, state, keep_last=2)
+    real_save_state = accelerator.save_state
+
+    def disk_fills_up(output_dir, **kwargs):
+        real_save_state(output_dir, **kwargs)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(accelerator, "save_state", disk_fills_up)
+    with pytest.raises(ScratchBertError, match=rf"the disk is full: checkpoint step-4 could not be written .* {saved} is still the newest checkpoint\. Free some space"):
+        ckpt.save_checkpoint(accelerator, tmp_path, 4, {**state, "step": 4}, keep_last=2)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-2"]  # no .tmp-step-4
+
+
+@pytest.mark.usefixtures("fresh_accelerator_state")
+def test_a_full_disk_in_a_run_is_one_line_and_keeps_the_runs_record(finished_run, run_flags, tmp_path, capsys, monkeypatch):
+    real_save_state = Accelerator.save_state
+
+    def disk_fills_up(self, output_dir=None, **kwargs):
+        real_save_state(self, output_dir, **kwargs)
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 576 vs 534")  # torch's words for it
+
+    monkeypatch.setattr(Accelerator, "save_state", disk_fills_up)
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**9, 10**9 - 4096, 4096))
+    err = one_line_error(capsys, pretrain_argv(run_flags, tmp_path / "new", "--max-steps", "2"))
+    assert "the disk is full: checkpoint step-2 could not be written" in err and "no checkpoint was kept" in err
+    assert not list((tmp_path / "new" / "checkpoints").iterdir())
+
+    # The first write of a resumed run fails: the run's configuration stays as it was.
+    run = copy_of(finished_run, tmp_path / "run")
+    before = snapshot(run)
+    real_write = Path.write_text
+
+    def full(path, *args, **kwargs):
+        if path.name.endswith(".partial"):
+            real_write(path, "{", encoding="utf-8")
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return real_write(path, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", full)
+    assert "is full (No space left on device): free some space" in one_line_error(capsys, pretrain_argv(run_flags, run, "--resume"))
+    assert snapshot(run) == before
+
+
+def _signal_at_step(monkeypatch, signum: int, step: int) -> None:
+    """The process gets `signum` right after optimizer step `step` (its checkpoint, if due, saved)."""
+    real_after_step = pretrain_module.after_step
+
+    def after_step_then_signal(run, *args):
+        real_after_step(run, *args)
+        if run.position.step == step:
+            os.kill(os.getpid(), signum)
+
+    monkeypatch.setattr(pretrain_module, "after_step", after_step_then_signal)
+
+
+@pytest.mark.usefixtures("fresh_accelerator_state")
+@pytest.mark.parametrize("signum, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["SIGINT", "SIGTERM"])
+def test_ctrl_c_and_sigterm_say_where_resume_starts_and_exit_with_the_signals_status(run_flags, tmp_path, capsys, monkeypatch, signum, status):
+    _signal_at_step(monkeypatch, signum, step=3)
+    output_dir = tmp_path / "run"
+    assert main(pretrain_argv(run_flags, output_dir)) == status
+    out, err = capsys.readouterr()
+    assert f"interrupted at step 3: the last checkpoint is {output_dir / 'checkpoints' / 'step-2'}; `--resume` continues from it" in out
+    assert err.strip().splitlines()[-1] == f"scratchbert pretrain: stopped by {signal.Signals(signum).name}" and "Traceback" not in err
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL and not (output_dir / LOCK_FILE).exists()
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+def test_sigterm_to_the_console_command_exits_143_without_a_traceback(run_flags, tmp_path):
+    """The real thing: `kill PID` to a running `python -m scratchbert pretrain`, once it has saved a checkpoint."""
+    output_dir = tmp_path / "run"
+    argv = pretrain_argv(run_flags, output_dir, "--max-steps", "100000", "--save-every", "2")
+    env = {**os.environ, "PYTHONPATH": python_path(REPO), "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
+    process = subprocess.Popen([sys.executable, "-m", "scratchbert", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        deadline = 120
+        while not ckpt.list_checkpoints(output_dir) and process.poll() is None and deadline > 0:
+            subprocess.run(["sleep", "0.2"])
+            deadline -= 0.2
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 143, err[-3000:]
+    assert "Traceback" not in err and err.strip().splitlines()[-1] == "scratchbert pretrain: stopped by SIGTERM", err[-3000:]
+    assert "`--resume` continues from it" in out, out[-3000:]
+
+
+@pytest.mark.usefixtures("fresh_accelerator_state")
+def test_an_interrupted_rotation_leaves_every_checkpoint_complete_or_gone(tmp_path, monkeypatch):
+    accelerator, _, _ = _accelerator_and_model()
+    state = {"epoch": 0, "batches_in_epoch": 0, "config": {}}
+    for step in (1, 2):
+        ckpt.save_checkpoint(accelerator, tmp_path, step, {**state, "step": step}, keep_last=2)
+    real_rmtree = shutil.rmtree
+
+    def interrupted_rmtree(path, *args, **kwargs):  # Ctrl-C after the first file of the oldest checkpoint
+        next(p for p in Path(path).iterdir() if p.is_file()).unlink()
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(shutil, "rmtree", interrupted_rmtree)
+    with pytest.raises(KeyboardInterrupt):
+        ckpt.save_checkpoint(accelerator, tmp_path, 3, {**state, "step": 3}, keep_last=2)
+    monkeypatch.setattr(shutil, "rmtree", real_rmtree)
+    root = tmp_path / "checkpoints"
+    names = sorted(p.name for p in root.iterdir())
+    assert names == [".deleting-step-1", "step-2", "step-3"], names
+    complete = lambda path: {"model.safetensors", "optimizer.bin", ckpt.STATE_FILE} <= {p.name for p in path.iterdir()}  # noqa: E731
+    assert all(complete(root / name) for name in names if name.startswith("step-"))
+    assert [step for step, _ in ckpt.list_checkpoints(tmp_path)] == [2, 3]
+
+    ckpt.save_checkpoint(accelerator, tmp_path, 4, {**state, "step": 4}, keep_last=2)  # finishes the deletion
+    assert sorted(p.name for p in root.iterdir()) == ["step-3", "step-4"]
+
+
+@pytest.mark.usefixtures("fresh_accelerator_state")
+def test_a_run_that_finishes_in_a_new_folder_while_another_prepares_its_data_is_not_overwritten(finished_run, run_flags, tmp_path, capsys, monkeypatch):
+    """Two runs into one new folder, no --overwrite: the slower one, still preparing its data when the
+    other finished there, must refuse the folder rather than overwrite the finished model."""
+    output_dir = tmp_path / "new"
+    real_build_model = pretrain_module.build_model
+
+    def the_other_run_finishes_meanwhile(*args, **kwargs):
+        shutil.copytree(finished_run, output_dir)  # made, written and let go by the other run
+        return real_build_model(*args, **kwargs)
+
+    monkeypatch.setattr(pretrain_module, "build_model", the_other_run_finishes_meanwhile)
+    err = one_line_error(capsys, pretrain_argv(run_flags, output_dir))
+    assert f"--output-dir {output_dir} was empty when this run started, but another run has since written a run (checkpoints up to step-4)" in err
+    assert snapshot(output_dir) == snapshot(finished_run)
