@@ -16,12 +16,23 @@ from scratchbert.tokenization import load_tokenizer
 from scratchbert.training import checkpoint as ckpt
 from scratchbert.training import prepared
 from scratchbert.training.config import DEFAULT_VOCAB_SIZE, PretrainConfig
+from scratchbert.training.distributed_checks import DEFAULT_DDP_TIMEOUT, check_same_versions, collective_timeout
 from scratchbert.training.models import pretraining_model
 from scratchbert.training.precision import auto_precision
 
 
 def _has_accelerator_device() -> bool:
     return torch.cuda.is_available() or (hasattr(torch, "accelerator") and torch.accelerator.is_available())
+
+
+def start_processes(ddp_timeout: float = DEFAULT_DDP_TIMEOUT) -> PartialState:
+    """The launch's process group (gloo on a machine without GPUs), each collective waiting at most `ddp_timeout` seconds.
+
+    Call it before anything else asks for a `PartialState`: Accelerate keeps one state per process, so
+    the first call starts the processes and fixes the deadline, and every later state (the one
+    `settle_mixed_precision` asks for, the Accelerator's) shares it.
+    """
+    return PartialState(cpu=not _has_accelerator_device(), timeout=collective_timeout(ddp_timeout))
 
 
 def settle_mixed_precision(config: PretrainConfig) -> PretrainConfig:
@@ -87,6 +98,8 @@ def build_accelerator(config: PretrainConfig) -> Accelerator:
 
     FSDP and DeepSpeed need accelerator devices: on a CPU-only machine a launch that asks for
     them is refused with the DDP command to use instead, never silently turned into DDP.
+    Processes that run different software are refused here, on every process (`distributed_checks`);
+    the processes' deadline for a collective is `start_processes`'s.
     """
     has_device = _has_accelerator_device()
     if config.mixed_precision == "fp16" and not has_device:
@@ -98,6 +111,7 @@ def build_accelerator(config: PretrainConfig) -> Accelerator:
                 "gloo) instead: `accelerate launch --multi_gpu --num_processes 2 -m scratchbert.commands.pretrain ...` (no GPU needed)."
             )
     trackers = _trackers(config.report_to)
+    check_same_versions(PartialState(cpu=not has_device))
     return Accelerator(
         # Without an accelerator device, `cpu=True` makes a multi-process launch (even
         # `--multi_gpu`) use gloo DDP on CPU instead of quietly running N copies alone.

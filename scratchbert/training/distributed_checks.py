@@ -1,0 +1,300 @@
+"""Errors that name the fix for what goes wrong between the processes of a run on several processes or machines.
+
+Three faults, each found where it first shows and reported as one line (`scratchbert.errors`):
+
+- **A process that dies or hangs.** Every collective has a deadline, the process group's timeout
+  (`collective_timeout`, `--ddp-timeout`; 1800 s by default, as torch's gloo default and
+  transformers' `TrainingArguments.ddp_timeout`). A killed process closes its sockets, so the others'
+  next collective fails at once; a process that hangs, or a machine that drops off the network,
+  closes nothing and is noticed at the deadline. `naming_lost_processes` turns the error gloo or
+  NCCL then raises into a `LostProcessError` that names the process that is gone (asking the
+  survivors to answer a roll call in the launch's key-value store when there are more than two),
+  the last complete checkpoint and `--resume`. Nothing is half-written: a checkpoint becomes
+  visible only by the rename after its last barrier (`checkpoint.py`), which a lost process stops.
+- **An output folder the machines do not share.** Every process writes its random state into each
+  checkpoint and reads it back on `--resume`, and the main process alone writes the rest, so all
+  machines must see one folder (at any path). `check_shared_output_dir` has the main process write a
+  file with a fresh random name and content there; a process that cannot read it back is on a
+  machine that does not share the folder.
+- **Different software on different machines.** `check_same_versions` gathers each process's
+  versions of scratchbert (with a digest of its source, since two checkouts can share a version
+  number), torch, transformers and accelerate, and names which process runs which.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import secrets
+import socket
+import time
+from datetime import timedelta
+from importlib import metadata
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+import scratchbert
+from scratchbert.errors import ScratchBertError
+from scratchbert.training import checkpoint as ckpt
+
+DEFAULT_DDP_TIMEOUT = 1800  # seconds a collective waits for the other processes (torch's gloo default)
+TIMEOUT_FLAG = "--ddp-timeout"
+SHARED_CHECK_PREFIX = ".scratchbert-shared-check-"  # the file `check_shared_output_dir` writes, then deletes
+SHARED_FOLDER_WAIT = 10.0  # seconds a process looks for that file: a network file system may show it late
+ROLL_CALL_WAIT = 5.0  # seconds the survivors of a lost process wait for each other to answer
+ROLL_CALL_KEY = "scratchbert/alive/"
+# What gloo and NCCL say when a peer's connection closes or a collective passes its deadline.
+_CLOSED = ("connection reset by peer", "connection closed by peer", "broken pipe", "connection refused", "communicator was aborted")
+_TIMED_OUT = ("timed out", "timeout")
+PACKAGES = ("torch", "transformers", "accelerate")
+
+
+class LostProcessError(ScratchBertError):
+    """Another process of the launch died or stopped answering: this one stopped too, and nothing more was saved."""
+
+
+def collective_timeout(ddp_timeout: float = DEFAULT_DDP_TIMEOUT) -> timedelta:
+    """The deadline of every collective, for `init_process_group(timeout=...)` (`accelerator.start_processes`).
+
+    Passed to the process group directly, not through accelerate's `InitProcessGroupKwargs`, which
+    drops a timeout equal to its own default (600 s, NCCL's) and so would leave gloo at 1800 s.
+    """
+    if isinstance(ddp_timeout, bool) or not isinstance(ddp_timeout, (int, float)) or not 0 < ddp_timeout < float("inf"):
+        raise ScratchBertError(f"ddp_timeout={ddp_timeout!r}: it must be a positive number of seconds (e.g. {TIMEOUT_FLAG} 1800).")
+    return timedelta(seconds=ddp_timeout)
+
+
+# ---------------------------------------------------------------------------------------------
+# A process that dies or hangs
+# ---------------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def naming_lost_processes(output_dir: str | Path, ddp_timeout: float = DEFAULT_DDP_TIMEOUT):
+    """Turn the error a collective raises when another process is gone into a one-line `LostProcessError`.
+
+    Wrap everything of a run that talks to the other processes (setup to the final save). Any other
+    exception, and every exception of a single-process run, passes through unchanged.
+    """
+    try:
+        yield
+    except RuntimeError as error:
+        if not is_lost_process(error):
+            raise
+        raise lost_process_error(error, output_dir, ddp_timeout) from error
+
+
+def is_lost_process(error: BaseException) -> bool:
+    """Whether `error` is a collective failing because another process closed its connection or passed the deadline."""
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return False
+    text = str(error).lower()
+    from_backend = isinstance(error, dist.DistError) or "gloo" in text or "nccl" in text
+    return from_backend and any(marker in text for marker in _CLOSED + _TIMED_OUT)
+
+
+def lost_process_error(error: BaseException, output_dir: str | Path, ddp_timeout: float) -> LostProcessError:
+    """The one line for `error`: which process is gone, why this one stopped, what is saved and how to continue.
+
+    Only the lowest-numbered survivor that answered the roll call prints it (`every_process` on the others).
+    """
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if world == 2:
+        missing, answered = [1 - rank], [rank]
+    else:
+        answered = roll_call(_default_store(), rank, world)
+        missing = [other for other in range(world) if other not in answered] if answered else []
+    gone = f"{_processes(missing)} of {world}" if missing else f"another of the {world} processes"
+    text = str(error).lower()
+    if any(marker in text for marker in _TIMED_OUT) and not any(marker in text for marker in _CLOSED):
+        what = (
+            f"did not answer within {ddp_timeout:g} s ({TIMEOUT_FLAG}): it hangs, or its machine or the network to it went "
+            "away (if one process legitimately works alone for longer, e.g. the main process preparing a large corpus, "
+            f"raise {TIMEOUT_FLAG})"
+        )
+    else:
+        what = "is gone (it closed its connection: it failed, was killed, or its machine went down; its own log says why)"
+    return LostProcessError(
+        f"{gone} {what}, so process {rank} stopped too; {_resume_advice(output_dir)}",
+        every_process=bool(answered) and rank != min(answered),
+    )
+
+
+def _resume_advice(output_dir: str | Path) -> str:
+    checkpoints = ckpt.list_checkpoints(output_dir)
+    if not checkpoints:
+        return "no checkpoint was written yet: once every machine is up, run the same launch again on each (with --resume it starts over)."
+    return (
+        f"nothing was saved after the last complete checkpoint, {checkpoints[-1][1]}: once every machine is up, run "
+        "the same launch again on each with --resume to continue from it."
+    )
+
+
+def roll_call(store, rank: int, world: int, wait_seconds: float = ROLL_CALL_WAIT) -> list[int]:
+    """The processes that answer within `wait_seconds` (this one included), through the launch's key-value store.
+
+    Every survivor of a lost process calls it; it returns as soon as all but one answered. An empty
+    list when the store itself is gone (it lives on the first machine).
+    """
+    if store is None:
+        return []
+    try:
+        store.set_timeout(timedelta(seconds=wait_seconds))
+        store.set(f"{ROLL_CALL_KEY}{rank}", "1")
+        deadline = time.monotonic() + wait_seconds
+        while True:
+            answered = [other for other in range(world) if store.check([f"{ROLL_CALL_KEY}{other}"])]
+            if len(answered) >= world - 1 or time.monotonic() > deadline:
+                return answered
+            time.sleep(0.1)
+    except Exception:  # the store's host is gone too: say what is known without it
+        return []
+
+
+def _default_store():
+    """The default process group's key-value store (torch keeps it private; None where it cannot be had)."""
+    try:
+        return dist.distributed_c10d._get_default_store()
+    except Exception:
+        return None
+
+
+def _processes(ranks: list[int]) -> str:
+    return f"process {ranks[0]}" if len(ranks) == 1 else "processes " + ", ".join(map(str, ranks))
+
+
+# ---------------------------------------------------------------------------------------------
+# An output folder the machines do not share
+# ---------------------------------------------------------------------------------------------
+def check_shared_output_dir(state, output_dir: str | Path, wait_seconds: float = SHARED_FOLDER_WAIT) -> bool:
+    """Refuse, on every process, a folder that some machines do not see; whether it could be checked yet.
+
+    state: the run's Accelerator (or PartialState); call on every process. Writes (and then deletes)
+    one small file, and only in a folder the main process already has: where it has none yet, the
+    check is whether another process has one there (a machine's own leftover) and the function returns
+    False, to be called again once the main process has made the folder. True once checked.
+    """
+    if state.num_processes == 1:
+        return True
+    folder = Path(output_dir)
+    token = [None]
+    if state.is_main_process and folder.is_dir():
+        token = [f"{SHARED_CHECK_PREFIX}{secrets.token_hex(8)}"]
+        (folder / token[0]).write_text(token[0], encoding="utf-8")
+    dist.broadcast_object_list(token, src=0)  # after the write: every process may look now
+    written = token[0] is not None
+    # Where the main process has the folder: whether this process sees its file; where it has none: whether this one has a folder.
+    agrees = _sees(folder / token[0], token[0], wait_seconds) if written else not folder.is_dir()
+    reports = [None] * state.num_processes
+    dist.all_gather_object(reports, (state.process_index, socket.gethostname(), str(folder.resolve()), agrees))
+    if written and state.is_main_process:
+        (folder / token[0]).unlink(missing_ok=True)
+    blind = [report for report in reports if not report[3]]
+    if blind:
+        raise ScratchBertError(_unshared_message(folder, reports[0], blind, main_has_none=not written), every_process=True)
+    return written
+
+
+def _sees(path: Path, content: str, wait_seconds: float) -> bool:
+    """Whether `path` holds `content`, looking again for `wait_seconds` (a network file system's cache may lag)."""
+    deadline = time.monotonic() + wait_seconds
+    while True:
+        try:
+            if path.read_text(encoding="utf-8") == content:
+                return True
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+
+
+def _unshared_message(folder: Path, main: tuple, blind: list[tuple], main_has_none: bool) -> str:
+    where = "; ".join(f"process {rank} on {host} at {path}" for rank, host, path, _ in blind)
+    problem = (
+        f"the main process has no folder {folder} yet, but {where} already has one"
+        if main_has_none
+        else f"{where} does not see the file process 0 (on {main[1]}) just wrote in {main[2]}"
+    )
+    return (
+        f"--output-dir {folder} is not shared between the machines: {problem}. Every process writes its random state "
+        "into each checkpoint and reads it back on --resume, and the main process writes the rest, so every machine "
+        "must see the same folder: put --output-dir on a file system that every machine mounts (NFS, Lustre, ...; "
+        "the path may differ between machines), and remove a machine's own copy."
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Different software on different machines
+# ---------------------------------------------------------------------------------------------
+def installed_versions() -> dict[str, str]:
+    """This process's versions of scratchbert (and a digest of its source files), torch, transformers and accelerate."""
+    versions = {"scratchbert": f"{scratchbert.__version__} (source {source_digest()})"}
+    for package in PACKAGES:
+        try:
+            versions[package] = torch.__version__ if package == "torch" else metadata.version(package)
+        except metadata.PackageNotFoundError:
+            versions[package] = "not installed"
+    return versions
+
+
+def source_digest() -> str:
+    """12 hex digits of a hash of the package's Python files: two checkouts with one version number differ here."""
+    root = Path(scratchbert.__file__).parent
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:12]
+
+
+def check_same_versions(state, versions: dict[str, str] | None = None) -> None:
+    """Refuse, on every process, a launch whose processes run different versions; call on every process.
+
+    versions: this process's (default `installed_versions()`).
+    """
+    if state.num_processes == 1:
+        return
+    reports = [None] * state.num_processes
+    dist.all_gather_object(reports, (socket.gethostname(), versions or installed_versions()))
+    differences = version_differences(reports)
+    if differences:
+        raise ScratchBertError(
+            f"the processes of this launch run different software: {differences}. Install the same versions on every "
+            "machine (the same scratchbert checkout or `pip install` line, and the same torch, transformers and "
+            "accelerate), then launch again.",
+            every_process=True,
+        )
+
+
+def version_differences(reports: list[tuple[str, dict[str, str]]]) -> str:
+    """'' when every process has the same versions; else, per package that differs, which process has which.
+
+    reports: (host, versions) of each process, in process order.
+    """
+    parts = []
+    for package in reports[0][1]:
+        holders: dict[str, list[int]] = {}
+        for rank, (_, versions) in enumerate(reports):
+            holders.setdefault(versions.get(package, "not installed"), []).append(rank)
+        if len(holders) > 1:
+            parts.append(f"{package} " + ", ".join(f"{version} on {_on(ranks, reports)}" for version, ranks in holders.items()))
+    return "; ".join(parts)
+
+
+def _on(ranks: list[int], reports: list[tuple[str, dict]]) -> str:
+    """'processes 0, 2 (host-a)': one line whatever the number of processes (a few names, then a count)."""
+    hosts = sorted({reports[rank][0] for rank in ranks})
+    shown = ", ".join(map(str, ranks[:8])) + (f" and {len(ranks) - 8} more" if len(ranks) > 8 else "")
+    return f"{'process' if len(ranks) == 1 else 'processes'} {shown} ({', '.join(hosts[:4])}{', ...' if len(hosts) > 4 else ''})"
+
+
+__all__ = [
+    "DEFAULT_DDP_TIMEOUT",
+    "LostProcessError",
+    "check_same_versions",
+    "check_shared_output_dir",
+    "collective_timeout",
+    "installed_versions",
+    "naming_lost_processes",
+    "version_differences",
+]

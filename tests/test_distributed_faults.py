@@ -1,0 +1,210 @@
+"""Distributed faults end in one line that names the fix (`scratchbert.training.distributed_checks`).
+
+The launches are two "machines" on this one: `accelerate launch --num_machines 2 --machine_rank 0|1
+--main_process_ip 127.0.0.1`, one process each, gloo. Each launcher then knows only its own process,
+as on two real machines, so nothing but the process group tells a process that the other is gone.
+The processes run tests/distributed_faults_worker.py, which calls the checks as `pretrain` does.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+
+from scratchbert.errors import ScratchBertError
+from scratchbert.training import distributed_checks
+from scratchbert.training.distributed_checks import LostProcessError
+
+from conftest import python_path
+
+REPO = Path(__file__).resolve().parents[1]
+WORKER = Path(__file__).with_name("distributed_faults_worker.py")
+PREFIX = "scratchbert pretrain: error: "
+
+pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="the launches use POSIX signals")
+
+
+class Machines:
+    """The two launches of one run; `finish` waits for both (killing what is left at `timeout`) and returns what each printed."""
+
+    def __init__(self, tmp_path: Path, port: int, args_of_machine):
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": python_path(REPO), "CUDA_VISIBLE_DEVICES": ""}
+        self.logs = [tmp_path / f"machine-{rank}.log" for rank in (0, 1)]
+        self.launches = []
+        for rank, log in enumerate(self.logs):
+            command = [
+                sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_machines", "2", "--machine_rank", str(rank),
+                "--main_process_ip", "127.0.0.1", "--main_process_port", str(port), "--num_processes", "2",
+                "--mixed_precision", "no", "--dynamo_backend", "no", str(WORKER), *args_of_machine(rank),
+            ]  # fmt: skip
+            with open(log, "w") as out:  # own sessions: a test kills only the processes it started
+                self.launches.append(subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=tmp_path, start_new_session=True))
+
+    def finish(self, timeout: float) -> tuple[list[int | None], list[str]]:
+        deadline = time.monotonic() + timeout
+        codes = []
+        for launch in self.launches:
+            try:
+                codes.append(launch.wait(timeout=max(0.1, deadline - time.monotonic())))
+            except subprocess.TimeoutExpired:
+                codes.append(None)
+        self.kill()
+        return codes, [log.read_text() for log in self.logs]
+
+    def kill(self) -> None:
+        for launch in self.launches:
+            if launch.poll() is None:
+                os.killpg(launch.pid, signal.SIGKILL)
+                launch.wait()
+
+
+def wait_for(condition, timeout: float, machines: Machines) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline or any(launch.poll() is not None for launch in machines.launches):
+            machines.kill()
+            pytest.fail("the launch never got ready:\n" + "\n".join(log.read_text()[-3000:] for log in machines.logs))
+        time.sleep(0.2)
+
+
+def failed(codes: list[int | None]) -> bool:
+    """Both launches ended, with the failure status of a launch whose process failed (its own status, 2, is the launcher's 1)."""
+    return all(code not in (0, None) for code in codes)
+
+
+def errors(output: str) -> list[str]:
+    return [line for line in output.splitlines() if line.startswith(PREFIX)]
+
+
+def start_training_and_hit_process_1(tmp_path: Path, port: int, sig: int, ddp_timeout: float) -> tuple[float, list, list[str], Path]:
+    """Train on two machines until process 1 sleeps before the save of step 4, send it `sig`; (seconds until machine 0 stopped, ...)."""
+    output_dir = tmp_path / "run"
+    output_dir.mkdir()
+    machines = Machines(tmp_path, port, lambda rank: ["train", str(output_dir), str(ddp_timeout)])
+    ready, saving = output_dir / "ready-1", output_dir / "checkpoints" / ".tmp-step-4"
+    wait_for(lambda: ready.exists() and ready.read_text() and saving.is_dir(), 120, machines)
+    victim = int(ready.read_text())
+    os.kill(victim, sig)
+    hit = time.monotonic()
+    try:
+        machines.launches[0].wait(timeout=ddp_timeout + 60)
+    except subprocess.TimeoutExpired:
+        pass
+    seconds = time.monotonic() - hit
+    if sig == signal.SIGSTOP:
+        os.kill(victim, signal.SIGKILL)
+    codes, outputs = machines.finish(timeout=30)
+    return seconds, codes, outputs, output_dir
+
+
+def test_a_killed_process_is_named_by_the_other_machine_with_the_last_checkpoint_and_resume(tmp_path):
+    """kill -9 of process 1 while process 0 waits for it in the save of step 4: process 0 stops at
+    once (its socket closes) with one line naming process 1, the last complete checkpoint (step 2,
+    step 4 never completed) and --resume."""
+    seconds, codes, outputs, output_dir = start_training_and_hit_process_1(tmp_path, 29531, signal.SIGKILL, ddp_timeout=600)
+    assert codes[0] not in (0, None) and seconds < 30, (seconds, outputs[0][-3000:])
+    lines = errors(outputs[0])
+    assert len(lines) == 1, outputs[0][-3000:]
+    assert lines[0].startswith(PREFIX + "process 1 of 2 is gone (it closed its connection"), lines[0]
+    assert f"the last complete checkpoint, {output_dir / 'checkpoints' / 'step-2'}:" in lines[0] and "with --resume" in lines[0]
+    assert [path.name for path in (output_dir / "checkpoints").iterdir() if not path.name.startswith(".")] == ["step-2"]
+
+
+def test_a_hung_process_is_named_at_the_deadline(tmp_path):
+    """A stopped process (a hung one, or a machine gone from the network) closes nothing: process 0
+    stops at --ddp-timeout (8 s here), naming process 1 and the option."""
+    seconds, codes, outputs, output_dir = start_training_and_hit_process_1(tmp_path, 29533, signal.SIGSTOP, ddp_timeout=8)
+    assert codes[0] not in (0, None) and 8 <= seconds < 40, (seconds, outputs[0][-3000:])
+    lines = errors(outputs[0])
+    assert len(lines) == 1, outputs[0][-3000:]
+    assert lines[0].startswith(PREFIX + "process 1 of 2 did not answer within 8 s (--ddp-timeout)"), lines[0]
+    assert "step-2" in lines[0] and "with --resume" in lines[0]
+
+
+def test_an_output_folder_the_machines_do_not_share_is_refused_on_both(tmp_path):
+    """Each machine given its own folder (as two machines with local disks): refused once, naming the fix.
+    (Process 1 looks for the main process's file for 1 s here, `SHARED_FOLDER_WAIT` by default.)"""
+    machines = Machines(tmp_path, 29535, lambda rank: ["shared", str(tmp_path / f"local-{rank}"), "1"])
+    codes, outputs = machines.finish(timeout=90)
+    assert failed(codes), outputs
+    lines = errors(outputs[0]) + errors(outputs[1])
+    assert len(lines) == 1 and lines == errors(outputs[0]), outputs
+    assert f"--output-dir {tmp_path / 'local-0'} is not shared between the machines: process 1 on " in lines[0]
+    assert "does not see the file process 0" in lines[0] and "file system that every machine mounts" in lines[0]
+    assert not any(path.name.startswith(distributed_checks.SHARED_CHECK_PREFIX) for path in (tmp_path / "local-0").iterdir())
+
+
+def test_a_folder_only_another_machine_has_is_refused_before_the_main_process_makes_its_own(tmp_path):
+    (tmp_path / "leftover-1").mkdir()  # machine 1 has a folder of its own where machine 0 has none
+    machines = Machines(tmp_path, 29537, lambda rank: ["shared", str(tmp_path / ("fresh" if rank == 0 else "leftover-1")), "1"])
+    codes, outputs = machines.finish(timeout=90)
+    assert failed(codes) and len(errors(outputs[0])) == 1 and not errors(outputs[1]), outputs
+    fresh = tmp_path / "fresh"
+    assert f"--output-dir {fresh} is not shared between the machines: the main process has no folder {fresh} yet, but process 1 on " in outputs[0]
+    assert f" at {tmp_path / 'leftover-1'} already has one." in outputs[0] and "remove a machine's own copy" in outputs[0]
+    assert not fresh.exists()  # refused before anything was written
+
+
+def test_a_shared_output_folder_passes_and_is_left_as_it_was(tmp_path):
+    """The same folder for both (one file system, as with NFS): no error, and the check's file is gone."""
+    machines = Machines(tmp_path, 29539, lambda rank: ["shared", str(tmp_path / "shared"), "1"])
+    codes, outputs = machines.finish(timeout=90)
+    assert codes == [0, 0], outputs
+    assert "process 0: checked before False, after True; left []" in outputs[0], outputs[0]
+    assert "process 1: checked before False, after True" in outputs[1], outputs[1]
+
+
+def test_processes_with_different_versions_are_refused_with_which_has_which(tmp_path):
+    machines = Machines(tmp_path, 29541, lambda rank: ["versions", "1"])
+    codes, outputs = machines.finish(timeout=90)
+    assert failed(codes), outputs
+    lines = errors(outputs[0]) + errors(outputs[1])
+    assert len(lines) == 1, outputs
+    ours = distributed_checks.installed_versions()["scratchbert"]
+    assert f"different software: scratchbert {ours} on process 0 (" in lines[0], lines[0]
+    assert "0.0.1 (source 0123456789ab) on process 1 (" in lines[0] and "Install the same versions on every machine" in lines[0]
+    assert "torch" not in lines[0].split("Install")[0].replace("scratchbert", "")  # only what differs is named
+
+
+# --- in one process ---------------------------------------------------------------------
+
+
+def test_version_differences_name_each_package_that_differs_once():
+    same = {"scratchbert": "0.1.0 (source a)", "torch": "2.13.0"}
+    reports = [("a", same), ("a", same), ("b", {**same, "torch": "2.12.0"}), ("b", {**same, "torch": "2.12.0"})]
+    assert distributed_checks.version_differences(reports[:2]) == ""
+    assert distributed_checks.version_differences(reports) == "torch 2.13.0 on processes 0, 1 (a), 2.12.0 on processes 2, 3 (b)"
+
+
+def test_the_roll_call_names_who_did_not_answer():
+    """With more than two processes the survivors answer in the launch's store; here three of four answer."""
+    store = dist.HashStore()
+    for rank in (0, 2):
+        store.set(f"{distributed_checks.ROLL_CALL_KEY}{rank}", "1")
+    assert distributed_checks.roll_call(store, 3, 4, wait_seconds=1) == [0, 2, 3]
+    started = time.monotonic()
+    assert distributed_checks.roll_call(dist.HashStore(), 0, 4, wait_seconds=0.5) == [0]  # the others are silent: at the deadline
+    assert time.monotonic() - started < 5
+    assert distributed_checks.roll_call(None, 0, 4) == []
+
+
+def test_errors_of_a_run_in_one_process_pass_through():
+    with pytest.raises(RuntimeError, match="Connection reset by peer"):
+        with distributed_checks.naming_lost_processes("nowhere"):
+            raise RuntimeError("gloo: Connection reset by peer")
+    assert not issubclass(RuntimeError, LostProcessError)
+
+
+def test_the_timeout_must_be_a_positive_number_of_seconds():
+    assert distributed_checks.collective_timeout(90) == timedelta(seconds=90)
+    for bad in (0, -1, float("inf"), True, "60"):
+        with pytest.raises(ScratchBertError, match="--ddp-timeout 1800"):
+            distributed_checks.collective_timeout(bad)
