@@ -33,7 +33,6 @@ from scratchbert.errors import ScratchBertError
 from scratchbert.ingestion import DataError, load_documents, load_table, read_lines
 from scratchbert.tokenization import train_tokenizer
 from scratchbert.training import checkpoint as ckpt
-from scratchbert.training import output_folder
 from scratchbert.training import pretrain as pretrain_module
 from scratchbert.training.config import PretrainConfig
 from scratchbert.training.folder_lock import LOCK_FILE, OutputDirLock
@@ -433,4 +432,69 @@ def test_a_run_that_finishes_in_a_new_folder_while_another_prepares_its_data_is_
     monkeypatch.setattr(pretrain_module, "build_model", the_other_run_finishes_meanwhile)
     err = one_line_error(capsys, pretrain_argv(run_flags, output_dir))
     assert f"--output-dir {output_dir} was empty when this run started, but another run has since written a run (checkpoints up to step-4)" in err
+    assert snapshot(output_dir) == snapshot(finished_run)
+
+
+def two_process_launch(port: int, argv: list[str]) -> list[str]:
+    """`accelerate launch` of `scratchbert <argv>` in two CPU processes (gloo)."""
+    return [
+        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+        "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(port),
+        "-m", f"scratchbert.commands.{argv[0]}", *argv[1:],
+    ]  # fmt: skip
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+def test_sigterm_to_a_two_process_launch_stops_every_rank_with_one_message(run_flags, tmp_path):
+    """SIGTERM to the whole job, as `scancel` or Kubernetes send it: every rank says nothing but the one
+    message of the main process, and lets go of the folder. (The launcher, torch's elastic agent,
+    prints its own traceback of the signal; that is not scratchbert's to change.)"""
+    output_dir = tmp_path / "run"
+    command = two_process_launch(29533, pretrain_argv(run_flags, output_dir, "--max-steps", "100000", "--save-every", "2"))
+    env = {**os.environ, "PYTHONPATH": python_path(REPO), "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
+    try:
+        for _ in range(1200):
+            if ckpt.list_checkpoints(output_dir) or process.poll() is not None:
+                break
+            subprocess.run(["sleep", "0.2"])
+        os.killpg(process.pid, signal.SIGTERM)
+        output, _ = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
+    assert output.count("interrupted at step ") == 1 and output.count("scratchbert pretrain: stopped by SIGTERM") == 1, output[-4000:]
+    assert "`--resume` continues from it" in output and "Terminated" not in output and "KeyboardInterrupt" not in output, output[-4000:]
+    assert not (output_dir / LOCK_FILE).exists() and ckpt.list_checkpoints(output_dir)
+
+
+# Another run finishes in the folder while this launch prepares its data (run by each process at start).
+FINISH_MEANWHILE = """
+import os, shutil
+from scratchbert.training import pretrain
+
+real_build_model = pretrain.build_model
+
+def the_other_run_finishes_meanwhile(*args, **kwargs):
+    if os.environ.get("RANK", "0") == "0":
+        shutil.copytree(os.environ["FINISHED_RUN"], os.environ["OUTPUT_DIR"])
+    return real_build_model(*args, **kwargs)
+
+pretrain.build_model = the_other_run_finishes_meanwhile
+"""
+
+
+@pytest.mark.slow  # about 40 s: two processes, each importing the training code twice
+def test_a_two_process_launch_refuses_a_folder_another_run_finished_in_meanwhile_on_every_rank(finished_run, run_flags, tmp_path):
+    output_dir = tmp_path / "new"
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text("import os\nif os.environ.get('OUTPUT_DIR'):\n    exec(" + repr(FINISH_MEANWHILE) + ")\n")
+    env = {
+        **os.environ, "PYTHONPATH": python_path(tmp_path / "site", REPO), "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1",
+        "FINISHED_RUN": str(finished_run), "OUTPUT_DIR": str(output_dir),
+    }  # fmt: skip
+    result = subprocess.run(two_process_launch(29534, pretrain_argv(run_flags, output_dir)), capture_output=True, text=True, env=env, timeout=240)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0 and output.count("another run has since written a run (checkpoints up to step-4)") == 1, output[-4000:]
     assert snapshot(output_dir) == snapshot(finished_run)
