@@ -346,6 +346,21 @@ def test_a_full_disk_in_a_run_is_one_line_and_keeps_the_runs_record(finished_run
     assert snapshot(run) == before
 
 
+@pytest.mark.usefixtures("fresh_accelerator_state")
+def test_a_full_disk_at_the_final_save_leaves_no_half_model(run_flags, tmp_path, capsys, monkeypatch):
+    from transformers import PreTrainedModel
+
+    def disk_fills_up(self, folder, **kwargs):
+        (Path(folder) / "model.safetensors").write_bytes(b"half a model")
+        raise RuntimeError("Error while serializing: I/O error: No space left on device (os error 28)")  # safetensors' words
+
+    monkeypatch.setattr(PreTrainedModel, "save_pretrained", disk_fills_up)
+    output_dir = tmp_path / "run"
+    err = one_line_error(capsys, pretrain_argv(run_flags, output_dir, "--max-steps", "2"))
+    assert f"the final model could not be saved in {output_dir}" in err and "step-2, is whole" in err and "--resume" in err
+    assert not (output_dir / "model.safetensors").exists() and [step for step, _ in ckpt.list_checkpoints(output_dir)] == [2]
+
+
 def _signal_at_step(monkeypatch, signum: int, step: int) -> None:
     """The process gets `signum` right after optimizer step `step` (its checkpoint, if due, saved)."""
     real_after_step = pretrain_module.after_step

@@ -151,8 +151,7 @@ def _write_or_stop(accelerator, tmp: Path, trainer_state: dict, final: Path) -> 
         if not disk_full(error, tmp):
             raise
         refused = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
-    refusals = gather_object([refused]) if accelerator.num_processes > 1 else [refused]
-    refused = next((why for why in refusals if why), None)
+    refused = agreed_refusal(accelerator, refused)
     if refused is None:
         return
     if accelerator.is_main_process:
@@ -164,6 +163,13 @@ def _write_or_stop(accelerator, tmp: Path, trainer_state: dict, final: Path) -> 
         f"{kept}. Free some space (or lower --keep-last), then continue with --resume.",
         every_process=True,
     )
+
+
+def agreed_refusal(accelerator, refused: str | None) -> str | None:
+    """The first process's reason to stop (None when none has one), known to every process: a
+    gather, so it is also a barrier, and a process that failed to write cannot leave the others waiting."""
+    refusals = gather_object([refused]) if accelerator.num_processes > 1 else [refused]
+    return next((why for why in refusals if why), None)
 
 
 class _DropTiedWeightNotice(logging.Filter):

@@ -151,12 +151,35 @@ def save_final_model(accelerator: Accelerator, model, tokenizer, output_dir: Pat
     The saved config carries `finetune_dropout` as both dropout rates: dropout is a training
     choice, and whoever loads the model next fine-tunes it. (The packed recipe pretrains
     without dropout, as Cramming does, and like Cramming turns it back on for fine-tuning.)
+    A full disk stops every process with one line, the half-written model removed.
     """
     accelerator.wait_for_everyone()
     unwrapped = accelerator.unwrap_model(model)
     state_dict = accelerator.get_state_dict(model)
     unwrapped.config.hidden_dropout_prob = unwrapped.config.attention_probs_dropout_prob = finetune_dropout
-    unwrapped.save_pretrained(output_dir, is_main_process=accelerator.is_main_process, save_function=accelerator.save, state_dict=state_dict)
+    refused = None
+    try:
+        unwrapped.save_pretrained(output_dir, is_main_process=accelerator.is_main_process, save_function=accelerator.save, state_dict=state_dict)
+        if accelerator.is_main_process:
+            tokenizer.save_pretrained(output_dir)
+    except Exception as error:  # torch, safetensors and the OS each report a full disk their own way
+        if not disk_full(error, output_dir):
+            raise
+        refused = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+    refused = ckpt.agreed_refusal(accelerator, refused)
+    if refused is not None:
+        _refuse_half_saved_model(accelerator, output_dir, refused)
+
+
+def _refuse_half_saved_model(accelerator: Accelerator, output_dir: Path, refused: str) -> None:
+    """Remove what a save the disk cut short wrote of the final model, and say so on every process."""
     if accelerator.is_main_process:
-        tokenizer.save_pretrained(output_dir)
-    accelerator.wait_for_everyone()
+        for name in ("config.json", "model.safetensors", "pytorch_model.bin", "generation_config.json"):
+            (output_dir / name).unlink(missing_ok=True)
+    newest = ckpt.list_checkpoints(output_dir)
+    kept = f"the last checkpoint, {newest[-1][1]}, is whole" if newest else "no checkpoint was written"
+    raise ScratchBertError(
+        f"the disk is full: the final model could not be saved in {output_dir} ({refused}) and its partial files were removed; "
+        f"{kept}. Free some space, then run again with --resume (it saves the final model again).",
+        every_process=True,
+    )
