@@ -33,16 +33,16 @@ pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="the launches us
 
 
 class Machines:
-    """The two launches of one run; `finish` waits for both (killing what is left at `timeout`) and returns what each printed."""
+    """The launches of one run, one per "machine"; `finish` waits for all (killing what is left at `timeout`) and returns what each printed."""
 
-    def __init__(self, tmp_path: Path, port: int, args_of_machine):
+    def __init__(self, tmp_path: Path, port: int, args_of_machine, machines: int = 2):
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": python_path(REPO), "CUDA_VISIBLE_DEVICES": ""}
-        self.logs = [tmp_path / f"machine-{rank}.log" for rank in (0, 1)]
+        self.logs = [tmp_path / f"machine-{rank}.log" for rank in range(machines)]
         self.launches = []
         for rank, log in enumerate(self.logs):
             command = [
-                sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_machines", "2", "--machine_rank", str(rank),
-                "--main_process_ip", "127.0.0.1", "--main_process_port", str(port), "--num_processes", "2",
+                sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_machines", str(machines), "--machine_rank", str(rank),
+                "--main_process_ip", "127.0.0.1", "--main_process_port", str(port), "--num_processes", str(machines),
                 "--mixed_precision", "no", "--dynamo_backend", "no", str(WORKER), *args_of_machine(rank),
             ]  # fmt: skip
             with open(log, "w") as out:  # own sessions: a test kills only the processes it started
@@ -84,21 +84,22 @@ def errors(output: str) -> list[str]:
     return [line for line in output.splitlines() if line.startswith(PREFIX)]
 
 
-def start_training_and_hit_process_1(tmp_path: Path, port: int, sig: int, ddp_timeout: float) -> tuple[float, list, list[str], Path]:
-    """Train on two machines until process 1 sleeps before the save of step 4, send it `sig`; (seconds until machine 0 stopped, ...)."""
+def start_training_and_hit_process_1(tmp_path: Path, port: int, sig: int, ddp_timeout: float, machines: int = 2) -> tuple[float, list, list[str], Path]:
+    """Train until process 1 sleeps before the save of step 4, send it `sig`; (seconds until machine 0 stopped, exit statuses, outputs, the run's folder)."""
     output_dir = tmp_path / "run"
     output_dir.mkdir()
-    machines = Machines(tmp_path, port, lambda rank: ["train", str(output_dir), str(ddp_timeout)])
+    machines = Machines(tmp_path, port, lambda rank: ["train", str(output_dir), str(ddp_timeout)], machines)
     ready, saving = output_dir / "ready-1", output_dir / "checkpoints" / ".tmp-step-4"
     wait_for(lambda: ready.exists() and ready.read_text() and saving.is_dir(), 120, machines)
     victim = int(ready.read_text())
     os.kill(victim, sig)
     hit = time.monotonic()
     try:
-        machines.launches[0].wait(timeout=ddp_timeout + 60)
+        for launch in machines.launches[:1] + machines.launches[2:]:
+            launch.wait(timeout=ddp_timeout + 60)
     except subprocess.TimeoutExpired:
         pass
-    seconds = time.monotonic() - hit
+    seconds = time.monotonic() - hit  # until every machine but the one hit stopped
     if sig == signal.SIGSTOP:
         os.kill(victim, signal.SIGKILL)
     codes, outputs = machines.finish(timeout=30)
@@ -113,9 +114,18 @@ def test_a_killed_process_is_named_by_the_other_machine_with_the_last_checkpoint
     assert codes[0] not in (0, None) and seconds < 30, (seconds, outputs[0][-3000:])
     lines = errors(outputs[0])
     assert len(lines) == 1, outputs[0][-3000:]
-    assert lines[0].startswith(PREFIX + "process 1 of 2 is gone (it closed its connection"), lines[0]
+    assert lines[0].startswith(PREFIX + "process 1 of 2 is gone (it closed its connection: failed, killed, or its machine went down"), lines[0]
     assert f"the last complete checkpoint, {output_dir / 'checkpoints' / 'step-2'}:" in lines[0] and "with --resume" in lines[0]
     assert [path.name for path in (output_dir / "checkpoints").iterdir() if not path.name.startswith(".")] == ["step-2"]
+
+
+def test_with_three_machines_the_survivors_name_the_killed_process_by_its_heartbeat(tmp_path):
+    """With three, an error does not say which process is gone (a process may be waiting on a survivor);
+    the heartbeats do. Only process 0 prints it, and every survivor stops."""
+    seconds, codes, outputs, output_dir = start_training_and_hit_process_1(tmp_path, 29543, signal.SIGKILL, ddp_timeout=600, machines=3)
+    assert codes[0] not in (0, None) and codes[2] not in (0, None) and seconds < 40, (seconds, outputs[0][-3000:])
+    assert [len(errors(output)) for output in outputs] == [1, 0, 0], outputs
+    assert errors(outputs[0])[0].startswith(PREFIX + "process 1 of 3 is gone"), errors(outputs[0])
 
 
 def test_a_hung_process_is_named_at_the_deadline(tmp_path):
@@ -184,16 +194,17 @@ def test_version_differences_name_each_package_that_differs_once():
     assert distributed_checks.version_differences(reports) == "torch 2.13.0 on processes 0, 1 (a), 2.12.0 on processes 2, 3 (b)"
 
 
-def test_the_roll_call_names_who_did_not_answer():
-    """With more than two processes the survivors answer in the launch's store; here three of four answer."""
+def test_the_processes_whose_heartbeat_stopped_are_the_ones_named():
+    """With more than two processes a survivor reads the others' heartbeats in the launch's store: here 0 and 2 beat."""
     store = dist.HashStore()
-    for rank in (0, 2):
-        store.set(f"{distributed_checks.ROLL_CALL_KEY}{rank}", "1")
-    assert distributed_checks.roll_call(store, 3, 4, wait_seconds=1) == [0, 2, 3]
-    started = time.monotonic()
-    assert distributed_checks.roll_call(dist.HashStore(), 0, 4, wait_seconds=0.5) == [0]  # the others are silent: at the deadline
-    assert time.monotonic() - started < 5
-    assert distributed_checks.roll_call(None, 0, 4) == []
+    beating = [distributed_checks.Heartbeat(store, rank, interval=0.05) for rank in (0, 2)]
+    store.add(f"{distributed_checks.HEARTBEAT_KEY}3", 1)  # process 3 beat once, then died
+    try:
+        assert distributed_checks.silent_processes(store, 4, wait_seconds=0.5) == [1, 3]
+    finally:
+        for heartbeat in beating:
+            heartbeat.stop()
+    assert distributed_checks.silent_processes(None, 4) is None
 
 
 def test_errors_of_a_run_in_one_process_pass_through():

@@ -16,7 +16,7 @@ from scratchbert.tokenization import load_tokenizer
 from scratchbert.training import checkpoint as ckpt
 from scratchbert.training import prepared
 from scratchbert.training.config import DEFAULT_VOCAB_SIZE, PretrainConfig
-from scratchbert.training.distributed_checks import DEFAULT_DDP_TIMEOUT, check_same_versions, collective_timeout
+from scratchbert.training.distributed_checks import DEFAULT_DDP_TIMEOUT, check_same_versions, collective_timeout, start_heartbeat
 from scratchbert.training.models import pretraining_model
 from scratchbert.training.precision import auto_precision
 
@@ -30,9 +30,12 @@ def start_processes(ddp_timeout: float = DEFAULT_DDP_TIMEOUT) -> PartialState:
 
     Call it before anything else asks for a `PartialState`: Accelerate keeps one state per process, so
     the first call starts the processes and fixes the deadline, and every later state (the one
-    `settle_mixed_precision` asks for, the Accelerator's) shares it.
+    `settle_mixed_precision` asks for, the Accelerator's) shares it. With more than two processes each
+    also beats a heartbeat, by which the survivors of a lost process tell which one it was.
     """
-    return PartialState(cpu=not _has_accelerator_device(), timeout=collective_timeout(ddp_timeout))
+    state = PartialState(cpu=not _has_accelerator_device(), timeout=collective_timeout(ddp_timeout))
+    start_heartbeat()
+    return state
 
 
 def settle_mixed_precision(config: PretrainConfig) -> PretrainConfig:

@@ -7,8 +7,8 @@ Three faults, each found where it first shows and reported as one line (`scratch
   transformers' `TrainingArguments.ddp_timeout`). A killed process closes its sockets, so the others'
   next collective fails at once; a process that hangs, or a machine that drops off the network,
   closes nothing and is noticed at the deadline. `naming_lost_processes` turns the error gloo or
-  NCCL then raises into a `LostProcessError` that names the process that is gone (asking the
-  survivors to answer a roll call in the launch's key-value store when there are more than two),
+  NCCL then raises into a `LostProcessError` that names the process that is gone (with more than
+  two, the one whose `Heartbeat` in the launch's key-value store stopped),
   the last complete checkpoint and `--resume`. Nothing is half-written: a checkpoint becomes
   visible only by the rename after its last barrier (`checkpoint.py`), which a lost process stops.
 - **An output folder the machines do not share.** Every process writes its random state into each
@@ -23,10 +23,12 @@ Three faults, each found where it first shows and reported as one line (`scratch
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import hashlib
 import secrets
 import socket
+import threading
 import time
 from datetime import timedelta
 from importlib import metadata
@@ -43,8 +45,9 @@ DEFAULT_DDP_TIMEOUT = 1800  # seconds a collective waits for the other processes
 TIMEOUT_FLAG = "--ddp-timeout"
 SHARED_CHECK_PREFIX = ".scratchbert-shared-check-"  # the file `check_shared_output_dir` writes, then deletes
 SHARED_FOLDER_WAIT = 10.0  # seconds a process looks for that file: a network file system may show it late
-ROLL_CALL_WAIT = 5.0  # seconds the survivors of a lost process wait for each other to answer
-ROLL_CALL_KEY = "scratchbert/alive/"
+HEARTBEAT_SECONDS = 1.0  # how often each process of a launch of more than two says it is alive
+SILENCE_BEATS = 3  # heartbeats missed before a process counts as gone
+HEARTBEAT_KEY = "scratchbert/heartbeat/"
 # What gloo and NCCL say when a peer's connection closes or a collective passes its deadline.
 _CLOSED = ("connection reset by peer", "connection closed by peer", "broken pipe", "connection refused", "communicator was aborted")
 _TIMED_OUT = ("timed out", "timeout")
@@ -96,27 +99,26 @@ def is_lost_process(error: BaseException) -> bool:
 def lost_process_error(error: BaseException, output_dir: str | Path, ddp_timeout: float) -> LostProcessError:
     """The one line for `error`: which process is gone, why this one stopped, what is saved and how to continue.
 
-    Only the lowest-numbered survivor that answered the roll call prints it (`every_process` on the others).
+    Only the lowest-numbered survivor prints it (`every_process` on the others); with more than two
+    processes the gone ones are those whose `Heartbeat` stopped.
     """
     rank, world = dist.get_rank(), dist.get_world_size()
-    if world == 2:
-        missing, answered = [1 - rank], [rank]
-    else:
-        answered = roll_call(_default_store(), rank, world)
-        missing = [other for other in range(world) if other not in answered] if answered else []
+    missing = [1 - rank] if world == 2 else (silent_processes(_default_store(), world) or [])
+    survivors = [other for other in range(world) if other not in missing] if missing else []
     gone = f"{_processes(missing)} of {world}" if missing else f"another of the {world} processes"
+    it, is_, its = ("they", "are", "their") if len(missing) > 1 else ("it", "is", "its")
     text = str(error).lower()
     if any(marker in text for marker in _TIMED_OUT) and not any(marker in text for marker in _CLOSED):
         what = (
-            f"did not answer within {ddp_timeout:g} s ({TIMEOUT_FLAG}): it hangs, or its machine or the network to it went "
-            "away (if one process legitimately works alone for longer, e.g. the main process preparing a large corpus, "
-            f"raise {TIMEOUT_FLAG})"
-        )
+            f"did not answer within {ddp_timeout:g} s ({TIMEOUT_FLAG}): {it} hang, or {its} machine or the network to "
+            f"{'them' if len(missing) > 1 else 'it'} went away (if one process legitimately works alone for longer, e.g. "
+            f"the main process preparing a large corpus, raise {TIMEOUT_FLAG})"
+        ).replace("it hang,", "it hangs,")
     else:
-        what = "is gone (it closed its connection: it failed, was killed, or its machine went down; its own log says why)"
+        what = f"{is_} gone ({it} closed {its} connection: failed, killed, or {its} machine went down; {its} own log says why)"
     return LostProcessError(
         f"{gone} {what}, so process {rank} stopped too; {_resume_advice(output_dir)}",
-        every_process=bool(answered) and rank != min(answered),
+        every_process=bool(survivors) and rank != min(survivors),
     )
 
 
@@ -130,25 +132,62 @@ def _resume_advice(output_dir: str | Path) -> str:
     )
 
 
-def roll_call(store, rank: int, world: int, wait_seconds: float = ROLL_CALL_WAIT) -> list[int]:
-    """The processes that answer within `wait_seconds` (this one included), through the launch's key-value store.
+class Heartbeat:
+    """This process's counter in the launch's key-value store, advanced every `HEARTBEAT_SECONDS` by a daemon thread.
 
-    Every survivor of a lost process calls it; it returns as soon as all but one answered. An empty
-    list when the store itself is gone (it lives on the first machine).
+    With more than two processes a survivor cannot tell from its error which process is gone; the
+    counters tell it (`silent_processes`). The thread beats while the process waits in a collective
+    (which releases the GIL), so only a dead or stopped process falls silent. It stops with the
+    store's host (the first machine) or at exit.
     """
+
+    def __init__(self, store, rank: int, interval: float = HEARTBEAT_SECONDS):
+        self.store, self.key, self.interval = store, f"{HEARTBEAT_KEY}{rank}", interval
+        self._stopped = threading.Event()
+        self.store.add(self.key, 1)
+        self._thread = threading.Thread(target=self._beat, name="scratchbert-heartbeat", daemon=True)
+        self._thread.start()
+        atexit.register(self.stop)  # before the interpreter tears down what the thread uses
+
+    def _beat(self) -> None:
+        while not self._stopped.wait(self.interval):
+            try:
+                self.store.add(self.key, 1)
+            except Exception:  # the store is gone: nothing left to tell
+                return
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._thread.join(timeout=2 * self.interval)
+
+
+_heartbeat: Heartbeat | None = None  # one per process, as the process group
+
+
+def start_heartbeat() -> Heartbeat | None:
+    """This process's `Heartbeat`, started once, when the launch has more than two processes (with two, the one gone is the other)."""
+    global _heartbeat
+    store = _default_store()
+    if _heartbeat is None and store is not None and dist.is_initialized() and dist.get_world_size() > 2:
+        try:
+            _heartbeat = Heartbeat(store, dist.get_rank())
+        except Exception:  # no store to beat in: a lost process is then named less precisely
+            return None
+    return _heartbeat
+
+
+def silent_processes(store, world: int, wait_seconds: float = HEARTBEAT_SECONDS * SILENCE_BEATS) -> list[int] | None:
+    """The processes whose heartbeat did not advance in `wait_seconds`; None when the store cannot be read."""
     if store is None:
-        return []
+        return None
     try:
-        store.set_timeout(timedelta(seconds=wait_seconds))
-        store.set(f"{ROLL_CALL_KEY}{rank}", "1")
-        deadline = time.monotonic() + wait_seconds
-        while True:
-            answered = [other for other in range(world) if store.check([f"{ROLL_CALL_KEY}{other}"])]
-            if len(answered) >= world - 1 or time.monotonic() > deadline:
-                return answered
-            time.sleep(0.1)
-    except Exception:  # the store's host is gone too: say what is known without it
-        return []
+        store.set_timeout(timedelta(seconds=wait_seconds))  # the run is ending: an unreachable store must not hold it
+        before = [store.add(f"{HEARTBEAT_KEY}{rank}", 0) for rank in range(world)]  # add 0: read without waiting
+        time.sleep(wait_seconds)
+        after = [store.add(f"{HEARTBEAT_KEY}{rank}", 0) for rank in range(world)]
+    except Exception:
+        return None
+    return [rank for rank in range(world) if after[rank] == before[rank]]
 
 
 def _default_store():
@@ -296,5 +335,6 @@ __all__ = [
     "collective_timeout",
     "installed_versions",
     "naming_lost_processes",
+    "start_heartbeat",
     "version_differences",
 ]
