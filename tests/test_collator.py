@@ -345,3 +345,25 @@ def test_scratchbert_tokenizer_whole_words(real_examples):
             split_words += len({row[position] for position in word}) != 1
     assert split_words == 0
     assert sum(map(sum, labelled)) > 0.1 * int(batch["attention_mask"].sum())
+
+
+def test_seeded_masks_belong_to_the_example_not_to_its_batch(tokenizer, real_examples):
+    """The masks a run on N processes of batch B draws are those of one process with batch N * B:
+    each example's masks come from (seed, epoch, its index) alone, whatever batch it is in and
+    however far that batch is padded (examples of different lengths, so the paddings differ)."""
+    examples = [
+        {name: example[name][: 8 + 5 * n] for name in ("input_ids", "token_type_ids", "attention_mask")}
+        for n, example in enumerate(real_examples[:12])
+    ]
+    items = list(enumerate(examples))
+    collate = SeededCollator(DataCollatorForPretraining(tokenizer, whole_word_mask=True), seed=3)
+    whole = collate(items)
+    halves = [collate(items[:5]), collate(items[5:])]
+    for row, (index, example) in enumerate(items):
+        part, offset = (halves[0], row) if index < 5 else (halves[1], row - 5)
+        length = len(example["input_ids"])
+        for name in ("input_ids", "labels"):
+            assert torch.equal(whole[name][row, :length], part[name][offset, :length]), (name, row)
+    assert (whole["labels"] != IGNORE_INDEX).any()
+    collate.epoch = 1  # another epoch: other masks of the same examples
+    assert not torch.equal(collate(items)["labels"], whole["labels"])

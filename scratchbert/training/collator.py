@@ -162,12 +162,29 @@ class DataCollatorForPretraining:
 
     # -- masking -----------------------------------------------------------------
 
-    def choose_positions(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    def uniform(self, attention_mask: torch.Tensor, row_generators: Sequence[torch.Generator] | None = None) -> torch.Tensor:
+        """(batch, seq) uniform draws in [0, 1) for a batch of this (batch, seq) attention mask.
+
+        From `self.generator` (or torch's global one) for the whole batch; or, with `row_generators`,
+        each row from its own generator, as many draws as the row has real tokens (padding gets 1.0,
+        which no rule chooses): an example's draws then do not depend on which batch it is in, nor on
+        how far that batch is padded.
+        """
+        if row_generators is None:
+            return torch.rand(attention_mask.shape, generator=self.generator)
+        draws = torch.ones(attention_mask.shape)
+        for row, (generator, length) in enumerate(zip(row_generators, attention_mask.sum(dim=1).tolist())):
+            draws[row, :length] = torch.rand(length, generator=generator)
+        return draws
+
+    def choose_positions(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, row_generators: Sequence[torch.Generator] | None = None
+    ) -> torch.Tensor:
         """(batch, seq) ids and mask -> (batch, seq) bool: the positions to predict.
 
         Works on "units": single candidate tokens, or whole words with whole-word
         masking. A unit is identified by its first token; every token of a chosen unit
-        is chosen.
+        is chosen. `row_generators`: one generator per row (`uniform`).
         """
         candidate = attention_mask.bool() & ~self._is_special[input_ids]  # (batch, seq)
         if self.whole_word_mask:
@@ -183,7 +200,7 @@ class DataCollatorForPretraining:
         # the number of its word's first piece. (batch, seq), -1 before the first unit.
         unit_of = torch.cumsum(starts.flatten(), dim=0).view_as(starts) - 1
 
-        draw = torch.rand(input_ids.shape, generator=self.generator)  # (batch, seq)
+        draw = self.uniform(attention_mask, row_generators)  # (batch, seq)
         chosen_starts = starts & (draw < self.mlm_probability)
         # Rows with candidates but no chosen unit: choose the unit that drew lowest.
         needs_one = starts.any(dim=1) & ~chosen_starts.any(dim=1)  # (batch,)
@@ -196,21 +213,26 @@ class DataCollatorForPretraining:
         unit_chosen[unit_of[starts]] = chosen_starts[starts]
         return candidate & unit_chosen[unit_of.clamp(min=0)]
 
-    def corrupt(self, input_ids: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+    def corrupt(
+        self, input_ids: torch.Tensor, chosen: torch.Tensor, attention_mask: torch.Tensor,
+        row_generators: Sequence[torch.Generator] | None = None,
+    ) -> torch.Tensor:
         """The 80/10/10 rule: chosen positions become [MASK], a random non-special token, or stay."""
-        action = torch.rand(input_ids.shape, generator=self.generator)  # (batch, seq)
+        action = self.uniform(attention_mask, row_generators)  # (batch, seq)
         to_mask = chosen & (action < self.mask_replace_prob)
         to_random = chosen & (action >= self.mask_replace_prob) & (action < self.mask_replace_prob + self.random_replace_prob)
-        picks = torch.randint(len(self._replacement_ids), input_ids.shape, generator=self.generator)
-        random_ids = self._replacement_ids[picks]  # (batch, seq), never a special token
+        # A uniform draw scaled to the replacement table: (batch, seq) indices in [0, len).
+        picks = (self.uniform(attention_mask, row_generators) * len(self._replacement_ids)).long()
+        random_ids = self._replacement_ids[picks.clamp(max=len(self._replacement_ids) - 1)]  # never a special token
         corrupted = input_ids.masked_fill(to_mask, self.tokenizer.mask_token_id)
         return torch.where(to_random, random_ids, corrupted)
 
-    def __call__(self, examples: Sequence[Mapping]) -> dict[str, torch.Tensor]:
+    def __call__(self, examples: Sequence[Mapping], row_generators: Sequence[torch.Generator] | None = None) -> dict[str, torch.Tensor]:
+        """Pad, choose and corrupt; `row_generators` (one per example) make each example's masks its own (`uniform`)."""
         batch = self.pad(examples)
-        chosen = self.choose_positions(batch["input_ids"], batch["attention_mask"])
+        chosen = self.choose_positions(batch["input_ids"], batch["attention_mask"], row_generators)
         batch["labels"] = batch["input_ids"].masked_fill(~chosen, IGNORE_INDEX)
-        batch["input_ids"] = self.corrupt(batch["input_ids"], chosen)
+        batch["input_ids"] = self.corrupt(batch["input_ids"], chosen, batch["attention_mask"], row_generators)
         return batch
 
 
@@ -231,13 +253,14 @@ class IndexedDataset(Dataset):
 
 
 class SeededCollator:
-    """Runs the MLM collator with a generator seeded by (seed, epoch, example indices).
+    """Runs the MLM collator with one generator per example, seeded by (seed, epoch, example index).
 
-    The masks of a batch are then a pure function of what is in it, independent of how
-    many batches the DataLoader prefetched, of the process count and of `num_workers`:
-    a resumed run draws exactly the masks the uninterrupted run drew, and the global RNG
-    is left to dropout alone. Set `epoch` before each epoch. Only `model_inputs` are
-    passed on (without NSP the model takes no next_sentence_label).
+    An example's masks are then a pure function of which example it is and of the epoch:
+    independent of the batch it lands in, of how many batches the DataLoader prefetched, of the
+    process count, of `num_workers` and of the batch size. So a resumed run draws exactly the
+    masks the uninterrupted run drew, a run on N processes of batch B draws the masks of one
+    process with batch N * B, and the global RNG is left to dropout alone. Set `epoch` before each
+    epoch. Only `model_inputs` are passed on (without NSP the model takes no next_sentence_label).
     """
 
     def __init__(self, collator: DataCollatorForPretraining, seed: int, epoch: int = 0, model_inputs=MODEL_INPUTS):
@@ -246,14 +269,14 @@ class SeededCollator:
         self.epoch = epoch
         self.model_inputs = model_inputs
 
-    def batch_seed(self, indices) -> int:
-        key = f"{self.seed}:{self.epoch}:{','.join(map(str, indices))}".encode()
+    def example_seed(self, index: int) -> int:
+        key = f"{self.seed}:{self.epoch}:{index}".encode()
         return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") >> 1
 
     def __call__(self, items):
         indices, examples = zip(*items)
-        self.collator.generator = torch.Generator().manual_seed(self.batch_seed(indices))
-        batch = self.collator(list(examples))
+        generators = [torch.Generator().manual_seed(self.example_seed(index)) for index in indices]
+        batch = self.collator(list(examples), row_generators=generators)
         return {name: batch[name] for name in self.model_inputs if name in batch}
 
 
