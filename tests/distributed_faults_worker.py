@@ -51,12 +51,13 @@ def train(output_dir: Path, ddp_timeout: float) -> None:
 
 def shared(output_dir: Path, wait_seconds: float) -> None:
     state = start_processes(60)
-    checked = distributed_checks.check_shared_output_dir(state, output_dir, wait_seconds)
+    distributed_checks.check_shared_output_dir(state, output_dir, wait_seconds)  # as setup, before the folder is made
     if state.is_main_process:
         output_dir.mkdir(parents=True, exist_ok=True)
     state.wait_for_everyone()
-    checked_after = distributed_checks.check_shared_output_dir(state, output_dir, wait_seconds)
-    print(f"process {state.process_index}: checked before {checked}, after {checked_after}; left {sorted(p.name for p in output_dir.iterdir())}")
+    distributed_checks.check_shared_output_dir(state, output_dir, wait_seconds)  # and once it is
+    left = sorted(path.name for path in [*output_dir.iterdir(), *output_dir.parent.iterdir()] if path.name.startswith("."))
+    print(f"process {state.process_index}: shared; hidden files left {left}")
 
 
 def versions(odd_rank: int) -> None:

@@ -139,37 +139,41 @@ def test_a_hung_process_is_named_at_the_deadline(tmp_path):
     assert "step-2" in lines[0] and "with --resume" in lines[0]
 
 
-def test_an_output_folder_the_machines_do_not_share_is_refused_on_both(tmp_path):
-    """Each machine given its own folder (as two machines with local disks): refused once, naming the fix.
-    (Process 1 looks for the main process's file for 1 s here, `SHARED_FOLDER_WAIT` by default.)"""
-    machines = Machines(tmp_path, 29535, lambda rank: ["shared", str(tmp_path / f"local-{rank}"), "1"])
+def test_an_output_folder_the_machines_do_not_share_is_refused_before_anything_is_written(tmp_path):
+    """Each machine with a disk of its own (machine-0/, machine-1/ here) and --output-dir on it: the main
+    process's file in the folder's parent, where the run will make it, is not seen by process 1. Refused
+    once, naming the fix, before the folder is made. (Process 1 looks for 1 s here, `SHARED_FOLDER_WAIT` by default.)"""
+    for rank in (0, 1):
+        (tmp_path / f"machine-{rank}").mkdir()
+    machines = Machines(tmp_path, 29535, lambda rank: ["shared", str(tmp_path / f"machine-{rank}" / "run"), "1"])
     codes, outputs = machines.finish(timeout=90)
     assert failed(codes), outputs
     lines = errors(outputs[0]) + errors(outputs[1])
     assert len(lines) == 1 and lines == errors(outputs[0]), outputs
-    assert f"--output-dir {tmp_path / 'local-0'} is not shared between the machines: process 1 on " in lines[0]
-    assert "does not see the file process 0" in lines[0] and "file system that every machine mounts" in lines[0]
-    assert not any(path.name.startswith(distributed_checks.SHARED_CHECK_PREFIX) for path in (tmp_path / "local-0").iterdir())
+    assert lines[0].startswith(PREFIX + f"--output-dir {tmp_path / 'machine-0' / 'run'} is not shared between the machines: process 1 on "), lines[0]
+    assert f"does not see in {tmp_path / 'machine-1'} the file process 0 (on " in lines[0] and f"just wrote in {tmp_path / 'machine-0'}." in lines[0]
+    assert "a file system that every machine mounts" in lines[0]
+    assert list((tmp_path / "machine-0").iterdir()) == []  # no folder made, the check's file gone
 
 
-def test_a_folder_only_another_machine_has_is_refused_before_the_main_process_makes_its_own(tmp_path):
-    (tmp_path / "leftover-1").mkdir()  # machine 1 has a folder of its own where machine 0 has none
-    machines = Machines(tmp_path, 29537, lambda rank: ["shared", str(tmp_path / ("fresh" if rank == 0 else "leftover-1")), "1"])
+def test_a_folder_only_another_machine_has_is_refused(tmp_path):
+    """Process 1 has its own folder at that place (something mounted there on its machine only) where the main process has none."""
+    (tmp_path / "machine-1").mkdir()
+    machines = Machines(tmp_path, 29537, lambda rank: ["shared", str(tmp_path / ("fresh" if rank == 0 else "machine-1")), "1"])
     codes, outputs = machines.finish(timeout=90)
     assert failed(codes) and len(errors(outputs[0])) == 1 and not errors(outputs[1]), outputs
     fresh = tmp_path / "fresh"
-    assert f"--output-dir {fresh} is not shared between the machines: the main process has no folder {fresh} yet, but process 1 on " in outputs[0]
-    assert f" at {tmp_path / 'leftover-1'} already has one." in outputs[0] and "remove a machine's own copy" in outputs[0]
-    assert not fresh.exists()  # refused before anything was written
+    assert f"--output-dir {fresh} is not shared between the machines: process 1 on " in outputs[0]
+    assert f" already has a folder {fresh} where process 0 has none." in outputs[0] and "remove a machine's own copy" in outputs[0]
+    assert not fresh.exists()
 
 
 def test_a_shared_output_folder_passes_and_is_left_as_it_was(tmp_path):
-    """The same folder for both (one file system, as with NFS): no error, and the check's file is gone."""
-    machines = Machines(tmp_path, 29539, lambda rank: ["shared", str(tmp_path / "shared"), "1"])
+    """The same folder for both (one file system, as with NFS): checked before and after it is made, no error, nothing left."""
+    machines = Machines(tmp_path, 29539, lambda rank: ["shared", str(tmp_path / "shared" / "run"), "1"])
     codes, outputs = machines.finish(timeout=90)
     assert codes == [0, 0], outputs
-    assert "process 0: checked before False, after True; left []" in outputs[0], outputs[0]
-    assert "process 1: checked before False, after True" in outputs[1], outputs[1]
+    assert "process 0: shared; hidden files left []" in outputs[0] and "process 1: shared; hidden files left []" in outputs[1], outputs
 
 
 def test_processes_with_different_versions_are_refused_with_which_has_which(tmp_path):

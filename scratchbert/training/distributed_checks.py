@@ -205,33 +205,46 @@ def _processes(ranks: list[int]) -> str:
 # ---------------------------------------------------------------------------------------------
 # An output folder the machines do not share
 # ---------------------------------------------------------------------------------------------
-def check_shared_output_dir(state, output_dir: str | Path, wait_seconds: float = SHARED_FOLDER_WAIT) -> bool:
-    """Refuse, on every process, a folder that some machines do not see; whether it could be checked yet.
+def check_shared_output_dir(state, output_dir: str | Path, wait_seconds: float = SHARED_FOLDER_WAIT) -> None:
+    """Refuse, on every process, an --output-dir that the machines do not share; call on every process.
 
-    state: the run's Accelerator (or PartialState); call on every process. Writes (and then deletes)
-    one small file, and only in a folder the main process already has: where it has none yet, the
-    check is whether another process has one there (a machine's own leftover) and the function returns
-    False, to be called again once the main process has made the folder. True once checked.
+    state: the run's Accelerator (or PartialState). The main process writes a file of random name and
+    content in the folder or, before it exists, in its nearest folder that does (where the run will
+    make it, and where the tokenizer of a run is handed to the other processes), and deletes it once
+    every process has looked for it at the same place under its own --output-dir (a network file
+    system may show it late: each looks for `wait_seconds`). A folder only another machine has is
+    refused too. A path the main process cannot write is left to the run's own errors.
     """
     if state.num_processes == 1:
-        return True
-    folder = Path(output_dir)
-    token = [None]
-    if state.is_main_process and folder.is_dir():
-        token = [f"{SHARED_CHECK_PREFIX}{secrets.token_hex(8)}"]
-        (folder / token[0]).write_text(token[0], encoding="utf-8")
-    dist.broadcast_object_list(token, src=0)  # after the write: every process may look now
-    written = token[0] is not None
-    # Where the main process has the folder: whether this process sees its file; where it has none: whether this one has a folder.
-    agrees = _sees(folder / token[0], token[0], wait_seconds) if written else not folder.is_dir()
+        return
+    folder = Path(output_dir).absolute()
+    written = [_write_token(folder) if state.is_main_process else None]
+    dist.broadcast_object_list(written, src=0)  # after the write: every process may look now
+    levels, token = written[0] or (0, None)
+    place = folder.parents[levels - 1] if levels else folder
+    sees = token is None or _sees(place / token, token, wait_seconds)
+    agrees = sees and (levels == 0 or not folder.is_dir())  # no folder of its own where the main process has none
     reports = [None] * state.num_processes
-    dist.all_gather_object(reports, (state.process_index, socket.gethostname(), str(folder.resolve()), agrees))
-    if written and state.is_main_process:
-        (folder / token[0]).unlink(missing_ok=True)
-    blind = [report for report in reports if not report[3]]
+    dist.all_gather_object(reports, (state.process_index, socket.gethostname(), str(place), sees, agrees))
+    if token is not None and state.is_main_process:
+        (place / token).unlink(missing_ok=True)
+    dist.barrier()  # the folder is as it was when any process goes on
+    blind = [report for report in reports if not report[4]]
     if blind:
-        raise ScratchBertError(_unshared_message(folder, reports[0], blind, main_has_none=not written), every_process=True)
-    return written
+        raise ScratchBertError(_unshared_message(folder, reports[0], blind), every_process=True)
+
+
+def _write_token(folder: Path) -> tuple[int, str] | None:
+    """Write the check's file in `folder` or its nearest existing parent: (levels up, its name); None if it cannot."""
+    place, levels = folder, 0
+    while not place.is_dir() and place != place.parent:
+        place, levels = place.parent, levels + 1
+    token = f"{SHARED_CHECK_PREFIX}{secrets.token_hex(8)}"
+    try:
+        (place / token).write_text(token, encoding="utf-8")
+    except OSError:
+        return None
+    return levels, token
 
 
 def _sees(path: Path, content: str, wait_seconds: float) -> bool:
@@ -248,18 +261,19 @@ def _sees(path: Path, content: str, wait_seconds: float) -> bool:
         time.sleep(0.2)
 
 
-def _unshared_message(folder: Path, main: tuple, blind: list[tuple], main_has_none: bool) -> str:
-    where = "; ".join(f"process {rank} on {host} at {path}" for rank, host, path, _ in blind)
-    problem = (
-        f"the main process has no folder {folder} yet, but {where} already has one"
-        if main_has_none
-        else f"{where} does not see the file process 0 (on {main[1]}) just wrote in {main[2]}"
-    )
+def _unshared_message(folder: Path, main: tuple, blind: list[tuple]) -> str:
+    """The refusal: which process sees what, and the fix."""
+    problems = []
+    for rank, host, place, sees, _ in blind:
+        if sees:
+            problems.append(f"process {rank} on {host} already has a folder {folder} where process 0 has none")
+        else:
+            problems.append(f"process {rank} on {host} does not see in {place} the file process 0 (on {main[1]}) just wrote in {main[2]}")
     return (
-        f"--output-dir {folder} is not shared between the machines: {problem}. Every process writes its random state "
-        "into each checkpoint and reads it back on --resume, and the main process writes the rest, so every machine "
-        "must see the same folder: put --output-dir on a file system that every machine mounts (NFS, Lustre, ...; "
-        "the path may differ between machines), and remove a machine's own copy."
+        f"--output-dir {folder} is not shared between the machines: {'; '.join(problems)}. Every process writes its "
+        "random state into each checkpoint and reads it back on --resume, and the main process writes the rest, so "
+        "every machine must see the same folder: put --output-dir on a file system that every machine mounts (NFS, "
+        "Lustre, ...; the path may differ between machines), and remove a machine's own copy."
     )
 
 
