@@ -8,14 +8,17 @@ Three faults, each found where it first shows and reported as one line (`scratch
   next collective fails at once; a process that hangs, or a machine that drops off the network,
   closes nothing and is noticed at the deadline. `naming_lost_processes` turns the error gloo or
   NCCL then raises into a `LostProcessError` that names the process that is gone (with more than
-  two, the one whose `Heartbeat` in the launch's key-value store stopped),
-  the last complete checkpoint and `--resume`. Nothing is half-written: a checkpoint becomes
-  visible only by the rename after its last barrier (`checkpoint.py`), which a lost process stops.
+  two, the one whose `Heartbeat` in the launch's key-value store stopped), the last complete
+  checkpoint and `--resume`. Nothing is half-written: a checkpoint becomes visible only by the
+  rename after its last barrier (`checkpoint.py`), which a lost process never lets the others pass.
 - **An output folder the machines do not share.** Every process writes its random state into each
   checkpoint and reads it back on `--resume`, and the main process alone writes the rest, so all
   machines must see one folder (at any path). `check_shared_output_dir` has the main process write a
-  file with a fresh random name and content there; a process that cannot read it back is on a
-  machine that does not share the folder.
+  file with a fresh random name and content there (before the folder exists: in its nearest parent
+  that does); a process that cannot read it back is on a machine that does not share the folder.
+  Folders that are legitimately per machine (local disks) are refused: checkpoints would be split
+  between the machines, each with some of the processes' random states (a run without the check
+  "finishes", its checkpoints on machine 0 lacking process 1's state), and a resumed run would mix them.
 - **Different software on different machines.** `check_same_versions` gathers each process's
   versions of scratchbert (with a digest of its source, since two checkouts can share a version
   number), torch, transformers and accelerate, and names which process runs which.
