@@ -755,7 +755,9 @@ class ScratchBertForPreTraining(_MaskedLMMixin, ScratchBertPreTrainedModel):
     next_sentence_label (B,): 0 if segment B follows segment A in the source text, 1 if random.
     The loss is their sum, as in the BERT paper. Under `Trainer`'s gradient accumulation it
     divides each micro-batch mean by the accumulation steps (`accepts_loss_kwargs = False`),
-    as for transformers' own BERT.
+    as for transformers' own BERT. Given `num_items_in_batch` and `num_sentence_pairs_in_batch`
+    (the counts of MLM labels and NSP labels in a whole global batch, which scratchbert's own
+    pretraining loop passes: `training/global_batch.py`), each loss is summed and divided by its count.
     """
 
     accepts_loss_kwargs = False
@@ -776,17 +778,22 @@ class ScratchBertForPreTraining(_MaskedLMMixin, ScratchBertPreTrainedModel):
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
         next_sentence_label: torch.Tensor | None = None,
+        num_items_in_batch: int | torch.Tensor | None = None,
+        num_sentence_pairs_in_batch: int | torch.Tensor | None = None,
         **kwargs: Unpack[EncoderOptions],
     ) -> ScratchBertForPreTrainingOutput | tuple:
         """Inputs as in `ScratchBertModel.forward`; labels (B, S) are the original ids at masked
-        positions (-100 elsewhere), next_sentence_label (B,) is 0 for IsNext and 1 for NotNext."""
+        positions (-100 elsewhere), next_sentence_label (B,) is 0 for IsNext and 1 for NotNext;
+        num_items_in_batch / num_sentence_pairs_in_batch: the divisors of the summed MLM / NSP losses."""
         encoded = self.bert(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, return_dict=True, **kwargs)
         prediction_logits, mlm_labels = self.mlm_logits(encoded.last_hidden_state, labels)  # (B, S, V) or (N, V)
         seq_relationship_logits = self.cls.seq_relationship(encoded.pooler_output)  # (B, 2)
 
         loss = None
         if labels is not None and next_sentence_label is not None:
-            loss = cross_entropy(prediction_logits, mlm_labels) + cross_entropy(seq_relationship_logits, next_sentence_label)
+            loss = cross_entropy(prediction_logits, mlm_labels, num_items_in_batch) + cross_entropy(
+                seq_relationship_logits, next_sentence_label, num_sentence_pairs_in_batch
+            )
         elif labels is not None or next_sentence_label is not None:
             raise ValueError(
                 "ScratchBertForPreTraining needs both labels (MLM) and next_sentence_label (NSP) for a loss; "

@@ -16,7 +16,6 @@ checkpointing, `scratchbert pretrain` itself under FSDP2, more than 2 processes 
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 import signal
@@ -35,7 +34,6 @@ from transformers import AutoModelForMaskedLM
 
 from scratchbert import ScratchBertForMaskedLM
 from scratchbert.errors import ScratchBertError
-from scratchbert.training import output_folder
 from scratchbert.training.sharding import original_class, take_over_wrapping, unsharded_copy
 
 REPO = Path(__file__).resolve().parent.parent
@@ -49,9 +47,6 @@ LOSS_RTOL, WEIGHT_ATOL = 1e-6, 1e-6
 LAUNCH_TIMEOUT = 300
 WRAP_FLAGS = ("--fsdp_auto_wrap_policy", "TRANSFORMER_BASED_WRAP", "--fsdp_transformer_layer_cls_to_wrap", "ScratchBertLayer")
 
-# `save_final_model` calls `save_pretrained` on the model it is given; on a sharded one that writes
-# torch's generated FSDP class into auto_map and copies torch's files. sharding.unsharded_copy is the fix.
-SAVES_UNSHARDED = "unsharded_copy" in inspect.getsource(output_folder.save_final_model)
 
 
 def launch(output_dir: Path, port: int, *worker_args: str, accelerate_flags: tuple[str, ...] = ()) -> str | None:
@@ -139,7 +134,6 @@ def test_fsdp2_trains_to_ddps_losses_and_weights(runs):
     assert max((sharded[name] - initial[name]).abs().max() for name in sharded) > 1000 * WEIGHT_ATOL
 
 
-@pytest.mark.xfail(not SAVES_UNSHARDED, strict=True, reason="save_final_model does not yet save sharding.unsharded_copy")
 def test_fsdp2_final_model_is_a_plain_from_pretrained_folder(runs):
     folder = runs["whole"] / "model"
     weights = saved_weights(runs, "whole")

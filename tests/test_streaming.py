@@ -18,7 +18,7 @@ from scratchbert.training import checkpoint as ckpt
 from scratchbert.training import streaming
 from scratchbert.training.config import PretrainConfig
 from scratchbert.training.pretrain import pretrain
-from scratchbert.training.streaming import ExampleStream, split_stream
+from scratchbert.training.streaming import ExampleStream, StreamLoader, split_stream
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -44,31 +44,48 @@ def test_each_window_is_a_seeded_permutation_and_every_epoch_another():
 
 @pytest.mark.parametrize("taken", [5, 16, 23, 49])  # mid-window, a window's end, the next window, the last example
 def test_a_stream_resumes_exactly_where_its_state_was_taken(taken):
-    stream = ExampleStream(numbered(50), seed=3, window=16, rank=1, world_size=2)
+    stream = ExampleStream(numbered(50), seed=3, window=16)
     stream.set_epoch(2)
     iterator = iter(stream)
     [next(iterator) for _ in range(taken)]
     state = json.loads(json.dumps(stream.state_dict()))  # it goes into trainer_state.json
     rest = [(index, example["n"]) for index, example in iterator]
-    resumed = ExampleStream(numbered(50), seed=3, window=16, rank=1, world_size=2)
+    resumed = ExampleStream(numbered(50), seed=3, window=16)
     resumed.load_state_dict(state)
     assert resumed.epoch == 2
     assert [(index, example["n"]) for index, example in resumed] == rest
-    assert all(index % 2 == 1 for index, _ in rest)  # rank 1 of 2: odd indices, never another process's
 
 
-def test_held_out_documents_are_chosen_by_content_and_each_process_gets_its_own():
+def test_held_out_documents_are_chosen_by_content():
     texts = [f"document number {i} " * (1 + i % 5) for i in range(400)] + ["a repeated document"] * 20
     documents = datasets.Dataset.from_dict({"text": texts}).to_iterable_dataset()
-    shares, held_out = [], None
-    for rank in range(2):
-        training, held_out = split_stream(documents, eval_fraction=0.1, rank=rank, world_size=2)
-        shares.append([example["text"] for example in training])
+    training, held_out = split_stream(documents, eval_fraction=0.1)
+    trained = [example["text"] for example in training]
     held = [example["text"] for example in held_out]
     assert 15 <= len(set(held)) <= 65  # about 10% of 401 distinct documents
-    assert not set(held) & set(shares[0] + shares[1])  # a repeated document is never on both sides
-    assert sorted(shares[0] + shares[1] + held) == sorted(texts)  # nothing lost, nothing twice
-    assert len(shares[0]) > 100 and len(shares[1]) > 100
+    assert not set(held) & set(trained)  # a repeated document is never on both sides
+    assert sorted(trained + held) == sorted(texts)  # nothing lost, nothing twice
+    assert len(trained) > 300
+
+
+@pytest.mark.parametrize("world_size, accumulation", [(2, 1), (2, 2), (3, 1)])
+def test_processes_share_out_each_step_as_one_process_with_the_whole_batch_would_take_it(world_size, accumulation):
+    """Micro-batch j of a step is batch j * N + rank of the step's batches, as Accelerate deals a
+    map-style dataset's: together the N processes hold the examples one process of batch N * B * k
+    would, with the same indices (so the same masks); a stream's last part step is left out."""
+    take = lambda items: {"index": torch.tensor([index for index, _ in items])}  # noqa: E731 (collate: the examples' indices)
+    one = StreamLoader(ExampleStream(numbered(50), seed=5, window=16), 4 * world_size * accumulation, 1, take, torch.device("cpu"))
+    whole_steps = [batch["index"].tolist() for batch in one]
+    shares = [
+        [batch["index"].tolist() for batch in StreamLoader(ExampleStream(numbered(50), seed=5, window=16), 4, accumulation, take, torch.device("cpu"), rank, world_size)]
+        for rank in range(world_size)
+    ]
+    assert len(whole_steps) == 50 // (4 * world_size * accumulation)
+    for step, whole in enumerate(whole_steps):
+        parts = [shares[rank][step * accumulation + j] for j in range(accumulation) for rank in range(world_size)]
+        assert sorted(index for part in parts for index in part) == sorted(whole)
+        assert [index for j in range(accumulation) for rank in range(world_size) for index in shares[rank][step * accumulation + j]] == whole
+    assert all(len(share) == len(whole_steps) * accumulation for share in shares)
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +123,7 @@ def test_a_streamed_run_stopped_and_resumed_ends_with_the_uninterrupted_runs_wei
     output_dir = tmp_path / "interrupted"
     kill_after_saving(monkeypatch, 8, lambda: pretrain(streamed_config(corpus_file, tokenizer_dir, output_dir, gradient_accumulation_steps=2)))
     state = ckpt.read_trainer_state(ckpt.list_checkpoints(output_dir)[-1][1])
-    (stream_state,) = state["streams"]
+    stream_state = state["stream"]
     assert state["step"] == 8 and stream_state["epoch"] >= 1  # the stream wrapped: 16 batches of a shorter epoch
     assert 0 < stream_state["used"] < 20  # inside a window
 
@@ -141,11 +158,11 @@ def test_streaming_is_fixed_for_the_run_and_an_empty_share_is_an_error(corpus_fi
     AcceleratorState._reset_state(reset_partial_state=True)
     one = tmp_path / "one.txt"
     one.write_text(" ".join(default_corpus_documents()[0].split()[:200]) + "\n", encoding="utf-8")
-    with pytest.raises(ScratchBertError, match="no training batch|no examples"):
+    with pytest.raises(ScratchBertError, match="no optimizer step|no examples"):
         pretrain(streamed_config(one, tokenizer_dir, tmp_path / "tiny", eval_fraction=0.0001))
 
 
-def test_two_processes_stream_their_own_documents_and_resume(corpus_file, tokenizer_dir, tmp_path):
+def test_two_processes_share_out_the_stream_and_resume(corpus_file, tokenizer_dir, tmp_path):
     """`accelerate launch --multi_gpu --num_processes 2 ... --streaming`, then --resume with more steps."""
     from test_pretrain import run_launcher
 
@@ -163,7 +180,7 @@ def test_two_processes_stream_their_own_documents_and_resume(corpus_file, tokeni
     returncode, output = run_launcher([*base, "--max-steps", "6"], env, tmp_path, timeout=240)
     assert returncode == 0, output[-4000:]
     state = ckpt.read_trainer_state(ckpt.list_checkpoints(output_dir)[-1][1])
-    assert len(state["streams"]) == 2  # each process's own place in its own stream
+    assert state["stream"]["used"] > 0  # the stream's place, the same in both processes
     returncode, output = run_launcher([*base, "--max-steps", "9", "--resume"], env, tmp_path, timeout=240)
     assert returncode == 0, output[-4000:]
     assert "resuming from" in output and "step 6" in output

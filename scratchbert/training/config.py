@@ -233,8 +233,10 @@ class TrainingArguments:
         default=None,
         metadata={"help": "minutes of training: the learning-rate schedule runs on elapsed training time and the run stops (and saves) at the budget"},
     )
-    batch_size: int = field(default=32, metadata={"help": "examples per device per forward pass"})
-    gradient_accumulation_steps: int = field(default=1, metadata={"help": "forward passes per optimizer step"})
+    # Resumable: a run may continue on another number of processes with the same examples per
+    # optimizer step (processes x batch x accumulation), which pretrain.check_same_global_batch checks.
+    batch_size: int = field(default=32, metadata=_resumable("examples per process per forward pass"))
+    gradient_accumulation_steps: int = field(default=1, metadata=_resumable("forward passes per optimizer step"))
     learning_rate: float | None = field(
         default=None, metadata={"help": "peak learning rate of AdamW (default: from the recipe, for some presets its PRESET_LEARNING_RATES)"}
     )
@@ -259,6 +261,10 @@ class TrainingArguments:
     eval_every: int = field(default=100, metadata=_resumable("evaluate every N optimizer steps (0: only at the end)"))
     save_every: int = field(default=200, metadata=_resumable("checkpoint every N optimizer steps (0: never)"))
     keep_last: int = field(default=2, metadata=_resumable("checkpoints to keep"))
+    ddp_timeout: float = field(
+        default=1800,  # torch's gloo default, and transformers' TrainingArguments.ddp_timeout
+        metadata=_resumable("seconds a collective waits for the other processes; past it the run stops, naming the process that is gone"),
+    )
     log_every: int = field(default=10, metadata=_resumable("log training metrics every N optimizer steps"))
     resume: bool = field(default=False, metadata=_resumable("continue from the latest checkpoint in output_dir"))
     overwrite: bool = field(default=False, metadata=_resumable("start over even if output_dir holds checkpoints"))

@@ -20,7 +20,7 @@ from datasets.arrow_dataset import Column
 from torch.utils.data import DataLoader
 
 from scratchbert import ingestion
-from scratchbert.training import streaming
+from scratchbert.training import global_batch, streaming
 from scratchbert.errors import ScratchBertError
 from scratchbert.tokenization import load_tokenizer, train_tokenizer
 from scratchbert.training.collator import MODEL_INPUTS, DataCollatorForPretraining, IndexedDataset, SeededCollator
@@ -135,8 +135,7 @@ def build_data(config: PretrainConfig, accelerator: Accelerator, resuming: bool 
     held-out set (`streaming.py`).
     """
     if config.streaming:
-        rank, processes = accelerator.process_index, accelerator.num_processes
-        train_docs, eval_docs = streaming.split_stream(load_corpus(config), config.eval_fraction, rank, processes)
+        train_docs, eval_docs = streaming.split_stream(load_corpus(config), config.eval_fraction)
         tokenizer = load_or_train_tokenizer(config, accelerator, resuming, lambda: streaming.first_texts(train_docs))
         return tokenizer, *build_stream_datasets(config, tokenizer, train_docs, eval_docs), None
     train_docs, eval_docs = split_documents(load_corpus(config), config.eval_fraction, config.seed)
@@ -243,7 +242,12 @@ def build_stream_datasets(config: PretrainConfig, tokenizer, train_docs: dataset
 
 
 class EpochPermutation(torch.utils.data.Sampler[int]):
-    """Every example once an epoch, in an order drawn from (seed, epoch): `set_epoch` before each.
+    """Every example at most once an epoch, in an order drawn from (seed, epoch): `set_epoch` before each.
+
+    `step_examples`: the examples of one optimizer step over every process (`global_batch.py`).
+    Only whole steps are handed out: the last `len % step_examples` indices of an epoch's order are
+    left out (other examples each epoch), so every step, on any number of processes, trains on
+    the same examples as one process with the whole batch.
 
     The order is one int32 tensor, 4 bytes an example. torch's `RandomSampler` (and Accelerate's
     seedable one, built on it) turns its permutation into a Python list, about 36 bytes an
@@ -252,19 +256,20 @@ class EpochPermutation(torch.utils.data.Sampler[int]):
 
     CHUNK = 4096  # indices handed out per list conversion
 
-    def __init__(self, num_examples: int, seed: int):
+    def __init__(self, num_examples: int, seed: int, step_examples: int = 1):
         self.num_examples, self.seed, self.epoch = num_examples, seed, 0
+        self.step_examples = step_examples
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
     def __len__(self) -> int:
-        return self.num_examples
+        return self.num_examples // self.step_examples * self.step_examples
 
     def __iter__(self):
         generator = torch.Generator().manual_seed(self.seed + self.epoch)
-        order = torch.randperm(self.num_examples, generator=generator, dtype=torch.int32)
-        for start in range(0, self.num_examples, self.CHUNK):
+        order = torch.randperm(self.num_examples, generator=generator, dtype=torch.int32)[: len(self)]
+        for start in range(0, len(order), self.CHUNK):
             yield from order[start : start + self.CHUNK].tolist()
 
 
@@ -281,14 +286,21 @@ def _collate(config: PretrainConfig, tokenizer, seed: int, evaluation: bool = Fa
     return SeededCollator(collator, seed, model_inputs=inputs)
 
 
-def _shuffled_loader(config: PretrainConfig, dataset: datasets.Dataset, collate: SeededCollator, batch_size: int, seed: int) -> DataLoader:
+def _shuffled_loader(config: PretrainConfig, dataset: datasets.Dataset, collate: SeededCollator, batch_size: int, seed: int, num_processes: int) -> DataLoader:
+    step_examples = global_batch.examples_per_step(batch_size, config.gradient_accumulation_steps, num_processes)
+    if len(dataset) < step_examples:
+        raise ScratchBertError(
+            f"the training split has {len(dataset)} examples, fewer than one optimizer step's "
+            f"{global_batch.describe(batch_size, config.gradient_accumulation_steps, num_processes)}. "
+            "Add text, or lower --batch-size or --gradient-accumulation-steps."
+        )
     # Each DataLoader gets its own generator: starting an iteration draws a worker base seed
     # from it, and from torch's global RNG (dropout's stream) if it had none — which would
     # shift dropout in a resumed run, since it starts iterating at a different moment.
     return DataLoader(
         IndexedDataset(dataset),
         batch_size=batch_size,
-        sampler=EpochPermutation(len(dataset), seed),
+        sampler=EpochPermutation(len(dataset), seed, step_examples),
         collate_fn=collate,
         num_workers=config.num_workers,
         generator=torch.Generator().manual_seed(seed),
@@ -298,11 +310,14 @@ def _shuffled_loader(config: PretrainConfig, dataset: datasets.Dataset, collate:
 def make_dataloaders(config: PretrainConfig, tokenizer, train_dataset, eval_dataset, accelerator: Accelerator | None = None):
     train_collate = _collate(config, tokenizer, config.seed)
     eval_collate = _collate(config, tokenizer, config.seed + 1, evaluation=True)
+    num_processes = accelerator.num_processes if accelerator is not None else 1
     if isinstance(train_dataset, datasets.IterableDataset):
-        stream = streaming.ExampleStream(train_dataset, config.seed, rank=accelerator.process_index, world_size=accelerator.num_processes)
-        train_loader = streaming.StreamLoader(stream, config.batch_size, train_collate, accelerator.device)
+        train_loader = streaming.StreamLoader(
+            streaming.ExampleStream(train_dataset, config.seed), config.batch_size, config.gradient_accumulation_steps,
+            train_collate, accelerator.device, rank=accelerator.process_index, world_size=num_processes,
+        )  # fmt: skip
     else:
-        train_loader = _shuffled_loader(config, train_dataset, train_collate, config.batch_size, config.seed)
+        train_loader = _shuffled_loader(config, train_dataset, train_collate, config.batch_size, config.seed, num_processes)
     eval_loader = DataLoader(
         IndexedDataset(eval_dataset),
         batch_size=config.batch_size,
@@ -313,9 +328,9 @@ def make_dataloaders(config: PretrainConfig, tokenizer, train_dataset, eval_data
     return train_loader, eval_loader, train_collate
 
 
-def make_long_loader(config: PretrainConfig, tokenizer, long_dataset: datasets.Dataset) -> tuple[DataLoader, SeededCollator]:
+def make_long_loader(config: PretrainConfig, tokenizer, long_dataset: datasets.Dataset, num_processes: int = 1) -> tuple[DataLoader, SeededCollator]:
     """--long-phase: batches of long examples, about the tokens of a regular batch (BERT kept 256 examples of 512)."""
     long_length = config.long_seq_length or config.max_position_embeddings
     batch_size = max(1, config.batch_size * config.max_seq_length // long_length)
     collate = _collate(config, tokenizer, config.seed + 2)
-    return _shuffled_loader(config, long_dataset, collate, batch_size, config.seed + 2), collate
+    return _shuffled_loader(config, long_dataset, collate, batch_size, config.seed + 2, num_processes), collate

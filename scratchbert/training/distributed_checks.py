@@ -43,8 +43,9 @@ import torch.distributed as dist
 import scratchbert
 from scratchbert.errors import ScratchBertError
 from scratchbert.training import checkpoint as ckpt
+from scratchbert.training.config import PretrainConfig
 
-DEFAULT_DDP_TIMEOUT = 1800  # seconds a collective waits for the other processes (torch's gloo default)
+DEFAULT_DDP_TIMEOUT = PretrainConfig.ddp_timeout  # seconds a collective waits for the other processes: the option's default
 TIMEOUT_FLAG = "--ddp-timeout"
 SHARED_CHECK_PREFIX = ".scratchbert-shared-check-"  # the file `check_shared_output_dir` writes, then deletes
 SHARED_FOLDER_WAIT = 10.0  # seconds a process looks for that file: a network file system may show it late

@@ -18,6 +18,7 @@ import random
 import torch
 import torch.nn.functional as F
 from accelerate import Accelerator
+from torch.distributed.tensor import DTensor
 
 from scratchbert.bert_padding import labelled_tokens
 from scratchbert.modeling_scratchbert import IGNORE_INDEX
@@ -117,6 +118,8 @@ def weight_checksum(model: torch.nn.Module) -> float:
     """A number that differs when any weight differs (to confirm all processes agree)."""
     total = torch.zeros((), dtype=torch.float64)
     for index, parameter in enumerate(model.parameters()):
+        if isinstance(parameter, DTensor):  # sharded by FSDP2: the whole tensor, gathered
+            parameter = parameter.full_tensor()
         total += (parameter.detach().double().cpu().flatten() * (1.0 + 1e-3 * index)).sum()
     return total.item()
 

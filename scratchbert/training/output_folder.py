@@ -24,6 +24,7 @@ from scratchbert.training import checkpoint as ckpt
 from scratchbert.training.config import PretrainConfig
 from scratchbert.training.corpus import TOKENIZER_DIR
 from scratchbert.training.folder_lock import OutputDirLock
+from scratchbert.training.sharding import unsharded_copy
 
 LOG_FILE = "train_log.jsonl"
 CURVES_FILE = "training_curves.png"
@@ -156,6 +157,8 @@ def save_final_model(accelerator: Accelerator, model, tokenizer, output_dir: Pat
     accelerator.wait_for_everyone()
     unwrapped = accelerator.unwrap_model(model)
     state_dict = accelerator.get_state_dict(model)
+    if accelerator.is_fsdp2 and accelerator.is_main_process:  # the gathered weights in scratchbert's own class (sharding.py)
+        unwrapped, state_dict = unsharded_copy(unwrapped, state_dict), None
     unwrapped.config.hidden_dropout_prob = unwrapped.config.attention_probs_dropout_prob = finetune_dropout
     refused = None
     try:

@@ -39,6 +39,7 @@ Exact resumption needs every random draw to be reproducible from the checkpoint:
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import time
 from collections.abc import Sequence
@@ -48,7 +49,7 @@ from pathlib import Path
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import gather_object, set_seed
+from accelerate.utils import DistributedType, set_seed
 from torch.utils.data import DataLoader
 
 from scratchbert import cpu_gemm
@@ -56,7 +57,8 @@ from scratchbert.configuration_scratchbert import ScratchBertConfig
 from scratchbert.errors import NonFiniteLossError, ScratchBertError
 from scratchbert.inspection import fill_mask, load_masked_lm
 from scratchbert.training import checkpoint as ckpt
-from scratchbert.training.accelerator import build_accelerator, settle_mixed_precision
+from scratchbert.training import distributed_checks, global_batch, sharding
+from scratchbert.training.accelerator import build_accelerator, settle_mixed_precision, start_processes
 from scratchbert.training.collator import SeededCollator
 from scratchbert.training.config import PretrainConfig
 from scratchbert.training.corpus import build_data, check_vocabulary, make_dataloaders, make_long_loader
@@ -195,10 +197,12 @@ def setup(config: PretrainConfig, lock: OutputDirLock) -> tuple[Run, dict | None
     `lock` is claimed first if the folder exists (no other run may write there meanwhile), else
     once it is made. Returns the run and the checkpoint state to resume from (None for a fresh start).
     """
+    start_processes(config.ddp_timeout)  # first: the process group's deadline is fixed by whoever starts it
     asked_precision = config.mixed_precision
     config = settle_mixed_precision(config)  # --mixed-precision auto: the Accelerator fixes one precision for the run
     accelerator = build_accelerator(config)
     lock.claim(accelerator)
+    distributed_checks.check_shared_output_dir(accelerator, config.output_dir)  # before anything is written next to it
     resume_state = check_output_dir(config)
     set_seed(config.seed)  # weights and dropout; the data order and masks have seeds of their own
 
@@ -211,10 +215,12 @@ def setup(config: PretrainConfig, lock: OutputDirLock) -> tuple[Run, dict | None
     train_loader, eval_loader, train_collate = make_dataloaders(config, tokenizer, train_dataset, eval_dataset, accelerator)
     long_loader = long_collate = None
     if long_dataset is not None:
-        long_loader, long_collate = make_long_loader(config, tokenizer, long_dataset)
+        long_loader, long_collate = make_long_loader(config, tokenizer, long_dataset, accelerator.num_processes)
 
     vocab_size = model_vocab_size(config, tokenizer, resume_state)
     model = build_model(config, tokenizer, vocab_size)
+    if accelerator.is_fsdp2:  # one shard unit per layer, the tied MLM head with the embeddings (sharding.py)
+        model = sharding.shard(model, accelerator)
     if asked_precision == "bf16" and accelerator.device.type == "cpu" and accelerator.is_main_process and resume_state is None:
         # bf16 is not faster on every CPU that has bf16 instructions: a few timed steps say (precision.py)
         trial_model = partial(pretraining_model, config, model.config)  # a throwaway copy, already checked
@@ -254,26 +260,46 @@ def resume(run: Run, resume_state: dict | None) -> None:
         if run.config.resume:
             accelerator.print(f"--resume: no checkpoint in {run.output_dir} yet, so training starts at step 0")
         return
+    check_same_global_batch(run.config, accelerator, resume_state)
     ckpt.load_checkpoint(accelerator, resume_state["path"])
     run.position = Position(**{name: resume_state[name] for name in Position.__dataclass_fields__ if name in resume_state})
     run.last_saved = resume_state["path"]
-    if run.config.streaming:  # each process continues its own stream where it was (streaming.py)
-        stream_state = resume_state["streams"][accelerator.process_index]
-        run.train_loader.load_state_dict(stream_state)
-        run.position.epoch = stream_state["epoch"]
-    accelerator.print(f"resuming from {resume_state['path']} (step {run.position.step}, epoch {run.position.epoch})")
     saved_processes = resume_state.get("num_processes", accelerator.num_processes)
-    if saved_processes != accelerator.num_processes:
-        # Each process skips its own batches; keep the number of examples seen about the same.
-        run.position.batches_in_epoch = run.position.batches_in_epoch * saved_processes // accelerator.num_processes
-        accelerator.print(
-            f"note: the checkpoint was written by {saved_processes} process(es), this run has "
-            f"{accelerator.num_processes}: data shards differ, so the run continues but not bit-exactly."
+    # A process's place in the epoch is counted in its own micro-batches: N * B examples each.
+    saved_batch = resume_state["config"]["batch_size"] * saved_processes
+    run.position.batches_in_epoch = run.position.batches_in_epoch * saved_batch // (run.config.batch_size * accelerator.num_processes)
+    if run.config.streaming:  # the stream's place, the same in every process (streaming.py)
+        run.train_loader.load_state_dict(resume_state["stream"])
+        run.position.epoch = resume_state["stream"]["epoch"]
+    accelerator.print(f"resuming from {resume_state['path']} (step {run.position.step}, epoch {run.position.epoch})")
+
+
+def check_same_global_batch(config: PretrainConfig, accelerator: Accelerator, resume_state: dict) -> None:
+    """A run resumes on any number of processes, as long as its optimizer steps keep their examples.
+
+    The checkpoint's run took steps of N * B * k examples; this one must too, or the examples
+    of the steps to come (and what the schedule and the optimizer state were tuned on) change.
+    """
+    saved = resume_state["config"]
+    saved_processes = resume_state.get("num_processes", 1)
+    before = global_batch.examples_per_step(saved["batch_size"], saved.get("gradient_accumulation_steps", 1), saved_processes)
+    now = global_batch.examples_per_step(config.batch_size, config.gradient_accumulation_steps, accelerator.num_processes)
+    if config.streaming and "stream" not in resume_state:
+        raise ScratchBertError(
+            f"{resume_state['path']} was written by an older scratchbert, whose streamed processes each read their own documents; "
+            "it cannot continue the same examples. Start a fresh run (or resume with the scratchbert that wrote it)."
+        )
+    if before != now:
+        raise ScratchBertError(
+            f"{resume_state['path']} trained on steps of "
+            f"{global_batch.describe(saved['batch_size'], saved.get('gradient_accumulation_steps', 1), saved_processes)}; "
+            f"this run's would be {global_batch.describe(config.batch_size, config.gradient_accumulation_steps, accelerator.num_processes)}. "
+            f"Choose --batch-size and --gradient-accumulation-steps so that processes x batch x accumulation = {before}."
         )
 
 
 def train(run: Run, timer=time.perf_counter) -> RunLog:
-    """Step 3: `accumulate` / `backward` / clip / step until max_steps or the time budget.
+    """Step 3: forward / backward over a step's micro-batches, then clip / step, until max_steps or the time budget.
 
     After each optimizer step, `after_step` logs, evaluates and checkpoints on their schedules.
     Returns the run's log for `finish`.
@@ -283,37 +309,25 @@ def train(run: Run, timer=time.perf_counter) -> RunLog:
     _announce(run, log)
     clock = TrainingClock(position.training_seconds, timer)
     progress = progress_bar(config, accelerator, position.step, position.training_seconds)
-    window = {"loss": torch.zeros((), device=accelerator.device), "batches": 0, "tokens": 0, "start": time.perf_counter(),
+    window = {"loss": torch.zeros((), device=accelerator.device), "steps": 0, "tokens": 0, "start": time.perf_counter(),
               "finite": torch.ones((), dtype=torch.bool, device=accelerator.device)}
     run.model.train()
     clock.start()
     try:
         while not run.done():
             batches_before = position.batches_in_epoch
-            for batch in _epoch_batches(run):
-                position.batches_in_epoch += 1
-                with accelerator.accumulate(run.model):
-                    loss = run.model(**batch).loss
-                    window["finite"] &= torch.isfinite(loss.detach()).all()  # on the device: no sync per micro-batch
-                    if accelerator.sync_gradients:  # once per optimizer step, before the weights change
-                        _stop_if_not_finite(accelerator, window, loss, position.step, run.last_saved, config)
-                    accelerator.backward(loss)
-                    if accelerator.sync_gradients and config.max_grad_norm > 0:
-                        accelerator.clip_grad_norm_(run.model.parameters(), config.max_grad_norm)
-                    run.optimizer.step()
-                    run.optimizer.zero_grad()
-                window["loss"] += loss.detach().float()
-                window["batches"] += 1
-                window["tokens"] += batch["attention_mask"].sum()  # a tensor: no device sync per step
-                if accelerator.sync_gradients:
-                    after_step(run, log, clock, progress, window)
+            for micro_batches in global_batch.optimizer_steps(_epoch_batches(run), config.gradient_accumulation_steps):
+                optimizer_step(run, micro_batches, window)
+                position.batches_in_epoch += len(micro_batches)
+                after_step(run, log, clock, progress, window)
                 if run.done() or run.long_phase_due():
                     break
             else:  # the epoch ran out before the run did: start the next one
                 if position.batches_in_epoch == batches_before == 0:
                     raise ScratchBertError(
-                        f"process {accelerator.process_index} got no training batch from a whole epoch: its share of the "
-                        "corpus is empty. Add text, or use fewer processes."
+                        "a whole epoch gave no optimizer step: the stream holds fewer examples than one step's "
+                        f"{global_batch.describe(config.batch_size, config.gradient_accumulation_steps, accelerator.num_processes)}. "
+                        "Add text, or lower --batch-size."
                     )
                 position.epoch += 1
                 position.batches_in_epoch = 0
@@ -327,6 +341,37 @@ def train(run: Run, timer=time.perf_counter) -> RunLog:
     if run.out_of_time():
         accelerator.print(f"the time budget of {config.time_budget:g} minutes is spent after {position.step} steps")
     return log
+
+
+def optimizer_step(run: Run, micro_batches: list[dict], window: dict) -> None:
+    """One optimizer step over this process's micro-batches of the global batch (`global_batch.py`).
+
+    Each micro-batch's losses are summed and divided by the global batch's counts, and scaled
+    by N * k for the averaging that DDP and `backward` do. Gradients are exchanged once, after
+    the last micro-batch (`no_sync` before it), as transformers' Trainer does: the micro-batches
+    are read ahead to be counted, so Accelerate's `accumulate`, which counts batches as they come
+    from its loader, would see the epoch's end too early; the step sets the sync flag itself.
+    """
+    accelerator, model = run.accelerator, run.model
+    counts = global_batch.GlobalCounts.of(accelerator, micro_batches)
+    scale = global_batch.backward_scale(accelerator)
+    for number, batch in enumerate(micro_batches):
+        last = number == len(micro_batches) - 1
+        accelerator.gradient_state._set_sync_gradients(last)  # the optimizer and clipping act only on the last
+        exchange = contextlib.nullcontext() if last or accelerator.distributed_type == DistributedType.DEEPSPEED else accelerator.no_sync(model)
+        with exchange:
+            loss = model(**batch, **counts.loss_kwargs()).loss  # this micro-batch's share of the step's loss
+            window["finite"] &= torch.isfinite(loss.detach()).all()  # on the device: no sync per micro-batch
+            if last:  # once per optimizer step, before the weights change
+                _stop_if_not_finite(accelerator, window, loss, run.position.step, run.last_saved, run.config)
+            accelerator.backward(loss * scale)
+        window["loss"] += loss.detach().float()
+        window["tokens"] += batch["attention_mask"].sum()  # a tensor: no device sync per step
+    if run.config.max_grad_norm > 0:
+        accelerator.clip_grad_norm_(model.parameters(), run.config.max_grad_norm)
+    run.optimizer.step()
+    run.optimizer.zero_grad()
+    window["steps"] += 1
 
 
 def _epoch_batches(run: Run):
@@ -373,8 +418,8 @@ def after_step(run: Run, log: RunLog, clock: TrainingClock, progress, window: di
     if config.save_every and position.step % config.save_every == 0:
         clock.pause()
         state = {**asdict(position), "num_processes": accelerator.num_processes, "model_vocab_size": run.vocab_size, "config": config.to_saved_dict()}
-        if config.streaming:  # every process's place in its own stream
-            state["streams"] = gather_object([run.train_loader.state_dict()])
+        if config.streaming:  # the stream's place, the same in every process
+            state["stream"] = run.train_loader.state_dict()
         run.last_saved = str(ckpt.save_checkpoint(accelerator, run.output_dir, position.step, state, config.keep_last))
         clock.start()
         window["start"] = time.perf_counter()  # throughput counts training time only
@@ -436,7 +481,8 @@ def pretrain(config: PretrainConfig, timer=time.perf_counter) -> PretrainResult:
     started, cpu_started = time.perf_counter(), time.process_time()
     kernels = cpu_gemm.decisions_kept_in(Path(config.output_dir) / KERNEL_DECISIONS_FILE)  # --resume multiplies on the same kernels
     # One run per output folder at a time; progress_bar=False silences datasets' and transformers' bars too.
-    with OutputDirLock(config.output_dir, "scratchbert pretrain") as lock, progress_bars(config.progress_bar), kernels:
+    lost = distributed_checks.naming_lost_processes(config.output_dir, config.ddp_timeout)  # a process gone: named in one line
+    with OutputDirLock(config.output_dir, "scratchbert pretrain") as lock, progress_bars(config.progress_bar), kernels, lost:
         run, resume_state = setup(config, lock)
         resume(run, resume_state)
         run.setup_seconds = time.perf_counter() - started

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -26,7 +27,9 @@ class RunLog:
             elif path.exists():  # drop what the interrupted run logged after its last checkpoint
                 kept = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
                 kept = [line for line in kept if json.loads(line).get("step", 0) <= resume_step]
-                path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+                partial = path.with_name(f".{path.name}.partial")  # written whole, then renamed: a full disk keeps the old log
+                partial.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+                os.replace(partial, path)
 
     def write(self, record: dict) -> None:
         if not self.accelerator.is_main_process:
@@ -58,12 +61,15 @@ def progress_bar(config: PretrainConfig, accelerator: Accelerator, step: int, tr
 
 
 def train_record(accelerator: Accelerator, window: dict, step: int, epoch: int, scheduler) -> dict:
-    """Mean training loss over the logging window on all processes, and throughput."""
-    mean_loss = accelerator.reduce(window["loss"] / max(window["batches"], 1), reduction="mean").item()
+    """Mean training loss per optimizer step over the logging window, and throughput.
+
+    Each process holds its share of every step's loss (`global_batch.py`): their sum is the step's.
+    """
+    mean_loss = accelerator.reduce(window["loss"], reduction="sum").item() / max(window["steps"], 1)
     local_tokens = torch.as_tensor(window["tokens"], device=accelerator.device)
     tokens = int(accelerator.reduce(local_tokens, reduction="sum").item())
     seconds = time.perf_counter() - window["start"]
-    window.update(loss=torch.zeros_like(window["loss"]), batches=0, tokens=0, start=time.perf_counter())
+    window.update(loss=torch.zeros_like(window["loss"]), steps=0, tokens=0, start=time.perf_counter())
     return {
         "type": "train", "step": step, "epoch": epoch, "loss": mean_loss,
         "learning_rate": scheduler.get_last_lr()[0], "tokens": tokens, "tokens_per_second": tokens / max(seconds, 1e-9),

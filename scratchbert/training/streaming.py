@@ -7,26 +7,30 @@ on the fly by datasets' `IterableDataset`, and training starts as soon as the fi
 ready. For corpora that do not fit on disk twice, or a first look at a new one.
 
     files --read--> documents --hash--> held out (about --eval-fraction of them) -> a fixed eval set
-                                     \\-> training --rank--> this process's documents
-                                               --tokenize, pack--> examples
-                                               --ExampleStream--> shuffled windows -> batches
+                                     \\-> training --tokenize, pack--> examples
+                                               --ExampleStream--> shuffled windows
+                                               --StreamLoader--> global batches -> this process's share
 
 - **Held out by content**: a document is held out when a hash of its text says so, so the
   split needs no pass over the corpus, a document repeated in the corpus always lands on the
   same side, and the evaluation set is the first `--max-eval-examples` examples of the held-out
   documents (read once, at the start).
-- **Several processes read disjoint documents**: `datasets.distributed.split_dataset_by_node`
-  gives each process whole files when the file count divides evenly, otherwise every
-  `world_size`-th document; each process tokenizes only its own.
+- **Several processes share out global batches**: every process reads, tokenizes and packs the
+  whole stream, and `StreamLoader` keeps this process's share of each optimizer step's N * B * k
+  examples (`global_batch.py`): the examples, their order and their masks are those of one
+  process with the whole batch, on any number of processes and machines, and a checkpoint
+  resumes on another number of them. The price: each process does the whole corpus's reading
+  and tokenization, which a fast tokenizer does at hundreds of thousands of tokens a second a core.
 - **Shuffled in windows**: a stream cannot be permuted whole; `ExampleStream` shuffles each
   window of `STREAM_WINDOW` consecutive examples with a generator seeded by (seed, epoch,
   window). datasets' own shuffle buffer is not used: its content is not part of its state, so a
   resumed run would draw other examples.
-- **Exact resume**: a checkpoint records, per process, datasets' state of the stream at the
-  current window's start, the window's number and how many of its examples were used; `--resume`
+- **Exact resume**: a checkpoint records datasets' state of the stream (the same in every
+  process) at the current window's start, the window's number and how many of its examples were used; `--resume`
   re-reads at most that one window, not the corpus before it.
 - **Epochs**: the stream's length is unknown until it ends; the run needs `--max-steps` or
-  `--time-budget`, and when a process's stream ends it starts over with the next epoch's windows.
+  `--time-budget`; when the stream ends (its last examples short of a whole step left out) it
+  starts over with the next epoch's windows.
 """
 
 from __future__ import annotations
@@ -52,12 +56,10 @@ def is_held_out(text: str, eval_fraction: float) -> bool:
     return int.from_bytes(digest, "little") / 2**64 < eval_fraction
 
 
-def split_stream(documents: datasets.IterableDataset, eval_fraction: float, rank: int, world_size: int):
-    """(this process's training documents, the held-out documents), both streams."""
+def split_stream(documents: datasets.IterableDataset, eval_fraction: float):
+    """(the training documents, the held-out documents), both streams."""
     held_out = documents.filter(lambda example: is_held_out(example["text"], eval_fraction))
     training = documents.filter(lambda example: not is_held_out(example["text"], eval_fraction))
-    if world_size > 1:
-        training = split_dataset_by_node(training, rank=rank, world_size=world_size)
     return training, held_out
 
 
@@ -86,17 +88,15 @@ class ExampleStream(torch.utils.data.IterableDataset):
     """A datasets `IterableDataset` of examples, shuffled per window, that knows where it is.
 
     Yields (index, example) like `collator.IndexedDataset`, so `SeededCollator` draws masks
-    from the examples' indices; an index is the example's place in this process's stream,
-    times the process count, plus the rank: distinct across processes.
+    from the examples' indices; an index is the example's place in the stream.
     `state_dict()` / `load_state_dict()` record and restore the position (see the module
     docstring); `set_epoch` picks the epoch whose windows the next iteration draws.
     """
 
-    def __init__(self, examples: datasets.IterableDataset, seed: int, window: int | None = None, rank: int = 0, world_size: int = 1):
+    def __init__(self, examples: datasets.IterableDataset, seed: int, window: int | None = None):
         self.examples = examples
         self.seed = seed
         self.window = window or STREAM_WINDOW
-        self.rank, self.world_size = rank, world_size
         self.epoch = 0
         self._start = examples.state_dict()  # the state of a stream read from its beginning
         self._where = {"epoch": 0, "window": 0, "used": 0, "window_state": self._start}
@@ -135,22 +135,27 @@ class ExampleStream(torch.utils.data.IterableDataset):
             order = self._window_order(window, len(buffer))
             for position in range(used, len(buffer)):
                 self._where = {"epoch": self.epoch, "window": window, "used": position + 1, "window_state": window_state}
-                index = (window * self.window + order[position]) * self.world_size + self.rank
-                yield index, buffer[order[position]]
+                yield window * self.window + order[position], buffer[order[position]]
             window, used = window + 1, 0
 
 
 class StreamLoader:
-    """Batches of an `ExampleStream` on the training device, with the loader interface `pretrain.train` uses.
+    """This process's batches of an `ExampleStream`, on the training device, with the loader interface `pretrain.train` uses.
 
-    One reader in the training process (a DataLoader worker would read the stream again);
-    the stream's position goes into every checkpoint through `state_dict`.
+    Reads one optimizer step's examples at a time, `batch_size * accumulation * world_size` of
+    them, and hands out this process's micro-batches of it: micro-batch j of the step is batch
+    j * world_size + rank of the step's batches, the share Accelerate deals a process of a
+    map-style dataset (`global_batch.py`). A stream's last examples short of a whole step are left out.
+    One reader in the training process (a DataLoader worker would read the stream again); the
+    stream's position, the same in every process, goes into every checkpoint through `state_dict`.
     """
 
-    def __init__(self, stream: ExampleStream, batch_size: int, collate_fn, device: torch.device):
+    def __init__(self, stream: ExampleStream, batch_size: int, accumulation: int, collate_fn, device: torch.device, rank: int = 0, world_size: int = 1):
         self.stream = stream
+        self.batch_size, self.accumulation = batch_size, accumulation
+        self.collate_fn = collate_fn
         self.device = device
-        self.loader = torch.utils.data.DataLoader(stream, batch_size=batch_size, collate_fn=collate_fn, num_workers=0)
+        self.rank, self.world_size = rank, world_size
 
     def set_epoch(self, epoch: int) -> None:
         self.stream.set_epoch(epoch)
@@ -162,8 +167,13 @@ class StreamLoader:
         self.stream.load_state_dict(state)
 
     def __iter__(self):
-        for batch in self.loader:
-            yield {name: value.to(self.device) for name, value in batch.items()}
+        examples = iter(self.stream)
+        step_examples = self.batch_size * self.accumulation * self.world_size
+        while len(step := list(itertools.islice(examples, step_examples))) == step_examples:
+            for micro_batch in range(self.accumulation):
+                first = (micro_batch * self.world_size + self.rank) * self.batch_size
+                batch = self.collate_fn(step[first : first + self.batch_size])
+                yield {name: value.to(self.device) for name, value in batch.items()}
 
 
 __all__ = ["STREAM_WINDOW", "ExampleStream", "StreamLoader", "first_texts", "is_held_out", "materialize", "split_stream"]
