@@ -377,8 +377,14 @@ def _signal_at_step(monkeypatch, signum: int, step: int) -> None:
 @pytest.mark.parametrize("signum, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["SIGINT", "SIGTERM"])
 def test_ctrl_c_and_sigterm_say_where_resume_starts_and_exit_with_the_signals_status(run_flags, tmp_path, capsys, monkeypatch, signum, status):
     _signal_at_step(monkeypatch, signum, step=3)
+    # Python turns SIGINT into KeyboardInterrupt unless it was ignored at startup, as a shell ignores
+    # it for a job started in the background with `&` (CI may run so): a terminal's Ctrl-C reaches it.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     output_dir = tmp_path / "run"
-    assert main(pretrain_argv(run_flags, output_dir)) == status
+    try:
+        assert main(pretrain_argv(run_flags, output_dir)) == status
+    finally:
+        signal.signal(signal.SIGINT, previous)
     out, err = capsys.readouterr()
     assert f"interrupted at step 3: the last checkpoint is {output_dir / 'checkpoints' / 'step-2'}; `--resume` continues from it" in out
     assert err.strip().splitlines()[-1] == f"scratchbert pretrain: stopped by {signal.Signals(signum).name}" and "Traceback" not in err

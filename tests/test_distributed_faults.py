@@ -8,6 +8,7 @@ The processes run tests/distributed_faults_worker.py, which calls the checks as 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -130,12 +131,12 @@ def test_with_three_machines_the_survivors_name_the_killed_process_by_its_heartb
 
 def test_a_hung_process_is_named_at_the_deadline(tmp_path):
     """A stopped process (a hung one, or a machine gone from the network) closes nothing: process 0
-    stops at --ddp-timeout (8 s here), naming process 1 and the option."""
+    stops at ddp_timeout (8 s here), naming process 1 and the option."""
     seconds, codes, outputs, output_dir = start_training_and_hit_process_1(tmp_path, 29533, signal.SIGSTOP, ddp_timeout=8)
     assert codes[0] not in (0, None) and 8 <= seconds < 40, (seconds, outputs[0][-3000:])
     lines = errors(outputs[0])
     assert len(lines) == 1, outputs[0][-3000:]
-    assert lines[0].startswith(PREFIX + "process 1 of 2 did not answer within 8 s (--ddp-timeout)"), lines[0]
+    assert lines[0].startswith(PREFIX + "process 1 of 2 did not answer within 8 s (ddp_timeout in a --config file)"), lines[0]
     assert "step-2" in lines[0] and "with --resume" in lines[0]
 
 
@@ -221,5 +222,46 @@ def test_errors_of_a_run_in_one_process_pass_through():
 def test_the_timeout_must_be_a_positive_number_of_seconds():
     assert distributed_checks.collective_timeout(90) == timedelta(seconds=90)
     for bad in (0, -1, float("inf"), True, "60"):
-        with pytest.raises(ScratchBertError, match="--ddp-timeout 1800"):
+        with pytest.raises(ScratchBertError, match="ddp_timeout: 1800 in a --config file"):
             distributed_checks.collective_timeout(bad)
+
+
+def test_the_pretrain_command_names_a_killed_process_of_another_machine(tmp_path):
+    """The real command, wired as a user runs it: two "machines" of `scratchbert pretrain`; machine 1's
+    process killed (-9) once a checkpoint is saved. Machine 0 stops within seconds in one line naming
+    process 1, the last complete checkpoint and --resume, and no checkpoint is left half-written."""
+    import psutil
+    from test_global_batch import kill_tree, two_machines
+
+    from scratchbert.ingestion import default_corpus_documents
+    from scratchbert.tokenization import train_tokenizer
+    from scratchbert.training import checkpoint as ckpt
+
+    corpus = tmp_path / "docs.txt"
+    corpus.write_text("\n\n".join(" ".join(d.split()[:120]) for d in default_corpus_documents()[:24]) + "\n", encoding="utf-8")
+    tokenizer = tmp_path / "tokenizer"
+    train_tokenizer([str(corpus)], vocab_size=400, show_progress=False).save_pretrained(tokenizer)
+    output_dir = tmp_path / "run"
+    launches = two_machines(corpus, tokenizer, output_dir, 29557, batch_size=8, max_steps=100_000, save_every=3)
+    deadline = time.monotonic() + 300
+    while not ckpt.list_checkpoints(output_dir):
+        assert time.monotonic() < deadline and all(launch.poll() is None for launch in launches), "no checkpoint"
+        time.sleep(0.1)
+    for worker in psutil.Process(launches[1].pid).children(recursive=True):  # machine 1's training process
+        with contextlib.suppress(psutil.NoSuchProcess):
+            worker.kill()
+    killed = time.monotonic()
+    try:
+        output = launches[0].communicate(timeout=120)[0]
+        seconds = time.monotonic() - killed
+    finally:
+        for launch in launches:
+            kill_tree(launch.pid)
+            launch.communicate()
+    lines = [line for line in output.splitlines() if line.startswith(PREFIX)]
+    assert len(lines) == 1 and lines[0].startswith(PREFIX + "process 1 of 2 is gone"), output[-3000:]
+    assert "with --resume" in lines[0] and str(ckpt.list_checkpoints(output_dir)[-1][1]) in lines[0]
+    assert seconds < 30, (seconds, output[-3000:])
+    # Our process printed no traceback and exited 2; the one traceback is the launcher's report of it.
+    assert "failed (exitcode: 2)" in output and output.index("Traceback") > output.index("failed (exitcode: 2)"), output[-3000:]
+    assert all((path / "trainer_state.json").is_file() for _, path in ckpt.list_checkpoints(output_dir))  # each complete

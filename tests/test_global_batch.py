@@ -145,8 +145,12 @@ def kill_tree(pid: int) -> None:
     """kill -9 a launcher and every process under it: torch's launcher starts each rank in a session of its own."""
     import psutil
 
-    launcher = psutil.Process(pid)
-    for process in [*launcher.children(recursive=True), launcher]:
+    try:
+        launcher = psutil.Process(pid)
+        processes = [*launcher.children(recursive=True), launcher]
+    except psutil.NoSuchProcess:  # it has ended
+        return
+    for process in processes:
         try:
             process.kill()
         except psutil.NoSuchProcess:

@@ -263,7 +263,10 @@ class TrainingArguments:
     keep_last: int = field(default=2, metadata=_resumable("checkpoints to keep"))
     ddp_timeout: float = field(
         default=1800,  # torch's gloo default, and transformers' TrainingArguments.ddp_timeout
-        metadata=_resumable("seconds a collective waits for the other processes; past it the run stops, naming the process that is gone"),
+        metadata=_resumable(
+            "seconds a collective waits for the other processes; past it the run stops, naming the process that is gone",
+            file_only=True,
+        ),
     )
     log_every: int = field(default=10, metadata=_resumable("log training metrics every N optimizer steps"))
     resume: bool = field(default=False, metadata=_resumable("continue from the latest checkpoint in output_dir"))
@@ -400,7 +403,7 @@ class PretrainConfig(TrainingArguments, DataArguments, ModelArguments, ConfigFil
 # paper's recipe (MLM + NSP on sentence pairs); the others it lacks read as their defaults.
 _NOT_IN_VERSION_1 = frozenset({
     "recipe", "nsp", "packing", "time_budget", "finetune_dropout", "adam_beta1", "adam_beta2", "num_proc", "streaming",
-    "prepared_data", "long_phase", "long_seq_length", "mask_replace_prob", "random_replace_prob",
+    "prepared_data", "long_phase", "long_seq_length", "mask_replace_prob", "random_replace_prob", "ddp_timeout",
 })  # fmt: skip
 VERSION_1_RECIPE = "paper"
 # Options measured not to help and removed (docs/experiments.md), with the value that meant "off"

@@ -3,7 +3,7 @@
 Three faults, each found where it first shows and reported as one line (`scratchbert.errors`):
 
 - **A process that dies or hangs.** Every collective has a deadline, the process group's timeout
-  (`collective_timeout`, `--ddp-timeout`; 1800 s by default, as torch's gloo default and
+  (`collective_timeout`, the option `ddp_timeout`; 1800 s by default, as torch's gloo default and
   transformers' `TrainingArguments.ddp_timeout`). A killed process closes its sockets, so the others'
   next collective fails at once; a process that hangs, or a machine that drops off the network,
   closes nothing and is noticed at the deadline. `naming_lost_processes` turns the error gloo or
@@ -46,7 +46,7 @@ from scratchbert.training import checkpoint as ckpt
 from scratchbert.training.config import PretrainConfig
 
 DEFAULT_DDP_TIMEOUT = PretrainConfig.ddp_timeout  # seconds a collective waits for the other processes: the option's default
-TIMEOUT_FLAG = "--ddp-timeout"
+TIMEOUT_FLAG = "ddp_timeout in a --config file"
 SHARED_CHECK_PREFIX = ".scratchbert-shared-check-"  # the file `check_shared_output_dir` writes, then deletes
 SHARED_FOLDER_WAIT = 10.0  # seconds a process looks for that file: a network file system may show it late
 HEARTBEAT_SECONDS = 1.0  # how often each process of a launch of more than two says it is alive
@@ -69,7 +69,7 @@ def collective_timeout(ddp_timeout: float = DEFAULT_DDP_TIMEOUT) -> timedelta:
     drops a timeout equal to its own default (600 s, NCCL's) and so would leave gloo at 1800 s.
     """
     if isinstance(ddp_timeout, bool) or not isinstance(ddp_timeout, (int, float)) or not 0 < ddp_timeout < float("inf"):
-        raise ScratchBertError(f"ddp_timeout={ddp_timeout!r}: it must be a positive number of seconds (e.g. {TIMEOUT_FLAG} 1800).")
+        raise ScratchBertError(f"ddp_timeout={ddp_timeout!r}: it must be a positive number of seconds (e.g. ddp_timeout: 1800 in a --config file).")
     return timedelta(seconds=ddp_timeout)
 
 
