@@ -205,6 +205,15 @@ def documentation_corpus(tmp_path_factory, documents: int) -> Path:
     return path
 
 
+def first_documents_file(folder: Path, documents: int, words: int) -> Path:
+    """folder/docs.txt: the first `documents` documents of the embedded corpus, each cut to `words` words, blank-line separated."""
+    from scratchbert.ingestion import default_corpus_documents
+
+    path = folder / "docs.txt"
+    path.write_text("\n\n".join(" ".join(d.split()[:words]) for d in default_corpus_documents()[:documents]) + "\n", encoding="utf-8")
+    return path
+
+
 def run_config_maker(values: dict, corpus_file: Path, tokenizer_dir: Path):
     """make(output_dir, **overrides) -> a PretrainConfig of `values` on the corpus and tokenizer, overrides winning."""
     from scratchbert.training.config import PretrainConfig

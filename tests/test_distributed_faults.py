@@ -24,7 +24,7 @@ from scratchbert.errors import ScratchBertError
 from scratchbert.training import distributed_checks
 from scratchbert.training.distributed_checks import LostProcessError
 
-from conftest import python_path
+from conftest import first_documents_file, python_path
 
 REPO = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).with_name("distributed_faults_worker.py")
@@ -233,12 +233,10 @@ def test_the_pretrain_command_names_a_killed_process_of_another_machine(tmp_path
     import psutil
     from test_global_batch import kill_tree, two_machines
 
-    from scratchbert.ingestion import default_corpus_documents
     from scratchbert.tokenization import train_tokenizer
     from scratchbert.training import checkpoint as ckpt
 
-    corpus = tmp_path / "docs.txt"
-    corpus.write_text("\n\n".join(" ".join(d.split()[:120]) for d in default_corpus_documents()[:24]) + "\n", encoding="utf-8")
+    corpus = first_documents_file(tmp_path, documents=24, words=120)
     tokenizer = tmp_path / "tokenizer"
     train_tokenizer([str(corpus)], vocab_size=400, show_progress=False).save_pretrained(tokenizer)
     output_dir = tmp_path / "run"

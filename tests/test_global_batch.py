@@ -21,10 +21,9 @@ from pathlib import Path
 import pytest
 import torch
 from accelerate.state import AcceleratorState
-from conftest import REPO, python_path, saved_tokenizer
+from conftest import REPO, first_documents_file, python_path, saved_tokenizer
 
 from scratchbert.errors import ScratchBertError
-from scratchbert.ingestion import default_corpus_documents
 from scratchbert.training import checkpoint as ckpt
 from scratchbert.training.config import PretrainConfig
 from scratchbert.training.pretrain import pretrain
@@ -44,10 +43,7 @@ NO_DROPOUT = {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
 @pytest.fixture(scope="module")
 def corpus_file(tmp_path_factory) -> Path:
     """24 documents of the embedded corpus: about 130 packed training examples of 32 tokens, 8 steps of 16."""
-    documents = [" ".join(document.split()[:120]) for document in default_corpus_documents()[:24]]
-    path = tmp_path_factory.mktemp("global-batch-corpus") / "docs.txt"
-    path.write_text("\n\n".join(documents) + "\n", encoding="utf-8")
-    return path
+    return first_documents_file(tmp_path_factory.mktemp("global-batch-corpus"), documents=24, words=120)
 
 
 @pytest.fixture(scope="module")

@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import first_documents_file
 
 from scratchbert.commands import main
-from scratchbert.ingestion import default_corpus_documents
 
 pytestmark = pytest.mark.usefixtures("fresh_accelerator_state")
 
@@ -21,10 +21,7 @@ TINY = [
 
 @pytest.fixture(scope="module")
 def corpus_file(tmp_path_factory) -> Path:
-    documents = [" ".join(document.split()[:150]) for document in default_corpus_documents()[:30]]
-    path = tmp_path_factory.mktemp("prepared-corpus") / "docs.txt"
-    path.write_text("\n\n".join(documents) + "\n", encoding="utf-8")
-    return path
+    return first_documents_file(tmp_path_factory.mktemp("prepared-corpus"), documents=30, words=150)
 
 
 def losses(run: Path) -> list[tuple[int, float]]:

@@ -11,7 +11,7 @@ import datasets
 import pytest
 import torch
 from accelerate.state import AcceleratorState
-from conftest import kill_after_saving, python_path, saved_tokenizer
+from conftest import first_documents_file, kill_after_saving, python_path, saved_tokenizer
 
 from scratchbert.ingestion import default_corpus_documents
 from scratchbert.training import checkpoint as ckpt
@@ -92,10 +92,7 @@ def test_processes_share_out_each_step_as_one_process_with_the_whole_batch_would
 def corpus_file(tmp_path_factory) -> Path:
     """16 documents of the embedded corpus, a quarter held out: about 100 training examples of 32 tokens
     (13 batches of 8), so a 12-step run with accumulation 2 wraps an epoch."""
-    documents = [" ".join(document.split()[:120]) for document in default_corpus_documents()[:16]]
-    path = tmp_path_factory.mktemp("stream-corpus") / "docs.txt"
-    path.write_text("\n\n".join(documents) + "\n", encoding="utf-8")
-    return path
+    return first_documents_file(tmp_path_factory.mktemp("stream-corpus"), documents=16, words=120)
 
 
 @pytest.fixture(scope="module")
