@@ -212,6 +212,17 @@ def test_gradient_accumulation_trains_as_the_whole_batch_does(corpus_file, token
     assert_same_weights(run, references["packed"], f"1 process x {batch_size} x {accumulation}")
 
 
+def test_a_stream_stopped_at_a_step_resumes_with_another_split_of_the_same_global_batch(corpus_file, tokenizer_dir, references, tmp_path, monkeypatch):
+    """A streamed 1 x 16 run stopped after its step-3 checkpoint, resumed as 1 x 8 x accumulation 2: the stream's
+    one state carries on, and the run ends where 1 x 16 ends (what a stream resumed on 2 processes of 8 reads too)."""
+    from conftest import kill_after_saving
+
+    output_dir = tmp_path / "stream"
+    kill_after_saving(monkeypatch, 3, lambda: one_process(corpus_file, tokenizer_dir, output_dir, batch_size=16, streaming=True))
+    resumed = one_process(corpus_file, tokenizer_dir, output_dir, batch_size=8, gradient_accumulation_steps=2, streaming=True, resume=True)
+    assert_same_weights(resumed, references["streaming"], "a stream of 1 x 16 to step 3, then 1 x 8 x 2")
+
+
 # --- several processes ----------------------------------------------------------------------
 
 
