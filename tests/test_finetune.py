@@ -526,6 +526,7 @@ def test_finetune_cli_trains_saves_and_serves_a_pipeline(tmp_path, capsys, cli_m
     epochs = [entry for entry in results["log_history"] if "eval_accuracy" in entry]  # evaluated every epoch, kept the best one
     assert len(epochs) == 6 and results["validation"]["accuracy"] == max(e["eval_accuracy"] for e in epochs)
     assert not (out / "checkpoints").exists()  # the epoch checkpoints, removed once the best is saved (--keep-checkpoints keeps them)
+    assert results["best_checkpoint"] is None  # metrics.json names no folder that is gone
 
     model = AutoModelForSequenceClassification.from_pretrained(out)
     assert isinstance(model, ScratchBertForSequenceClassification)

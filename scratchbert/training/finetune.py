@@ -402,7 +402,7 @@ def finetune(config: FinetuneConfig, model_class=None) -> dict[str, Any]:
 
     Returns:
         {"labels", "label_warnings", "schedule", "inputs", "train", "validation", "test" (when a test
-         split is given), "best_checkpoint", "pooling", "early_stopping", "collapsed", and for a soup
+         split is given), "best_checkpoint" (None once removed: without keep_checkpoints), "pooling", "early_stopping", "collapsed", and for a soup
          "soup"}, with metrics named without Trainer's "eval_" prefix; also written to metrics.json.
     """
     checkpoint = CheckpointInfo.read(config.checkpoint)
@@ -477,6 +477,9 @@ def train_and_score(run: Run) -> dict[str, Any]:
     outputs = score_splits(trainer, run.splits, results, rescore_validation=soup is not None)
     results["collapsed"] = report_collapse(log_history, outputs, run.label_names)
     save_classifier(run, trainer)
+    if not run.config.keep_checkpoints:  # save_classifier removed them: metrics.json names no folder that is gone
+        for record in [results, *results.get("soup", {}).get("members", [])]:
+            record["best_checkpoint"] = None
     results["log_history"] = log_history
     (run.output_dir / "metrics.json").write_text(json.dumps(results, indent=2) + "\n")
     for split in ("validation", "test"):
