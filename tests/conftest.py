@@ -214,6 +214,40 @@ def first_documents_file(folder: Path, documents: int, words: int) -> Path:
     return path
 
 
+def kill_tree(pid: int) -> None:
+    """kill -9 a launcher and every process under it: torch's launcher starts each rank in a session of its own."""
+    import psutil
+
+    try:
+        launcher = psutil.Process(pid)
+        processes = [*launcher.children(recursive=True), launcher]
+    except psutil.NoSuchProcess:  # it has ended
+        return
+    for process in processes:
+        try:
+            process.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
+def run_launcher(command: list[str], env: dict, cwd: Path, timeout: float) -> tuple[int | None, str]:
+    """Run a multi-process launch; on a hang, kill the launcher and every rank and return what they printed.
+
+    The ranks hold the output pipe: killing only the launcher (or its session: torch's launcher
+    starts each rank in a session of its own) would leave the test waiting on them.
+    """
+    import subprocess
+
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=cwd, start_new_session=True)
+    try:
+        output, _ = process.communicate(timeout=timeout)
+        return process.returncode, output
+    except subprocess.TimeoutExpired:
+        kill_tree(process.pid)
+        output, _ = process.communicate()
+        return None, f"the launch hung for {timeout:.0f}s and was killed; its ranks printed:\n{output}"
+
+
 def run_config_maker(values: dict, corpus_file: Path, tokenizer_dir: Path):
     """make(output_dir, **overrides) -> a PretrainConfig of `values` on the corpus and tokenizer, overrides winning."""
     from scratchbert.training.config import PretrainConfig

@@ -231,7 +231,8 @@ def test_the_pretrain_command_names_a_killed_process_of_another_machine(tmp_path
     process killed (-9) once a checkpoint is saved. Machine 0 stops within seconds in one line naming
     process 1, the last complete checkpoint and --resume, and no checkpoint is left half-written."""
     import psutil
-    from test_global_batch import kill_tree, two_machines
+    from conftest import kill_tree
+    from test_global_batch import two_machines
 
     from scratchbert.tokenization import train_tokenizer
     from scratchbert.training import checkpoint as ckpt

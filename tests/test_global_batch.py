@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 from accelerate.state import AcceleratorState
-from conftest import REPO, first_documents_file, python_path, saved_tokenizer
+from conftest import REPO, first_documents_file, kill_tree, python_path, run_launcher, saved_tokenizer
 
 from scratchbert.errors import ScratchBertError
 from scratchbert.training import checkpoint as ckpt
@@ -114,8 +114,6 @@ ONE_MACHINE = ["--multi_gpu", "--num_processes", "2", "--num_machines", "1"]
 
 def launch(corpus_file, tokenizer_dir, output_dir: Path, port: int, **overrides) -> str:
     """2 processes on this machine; returns what they printed (the test fails on a non-zero exit)."""
-    from test_pretrain import run_launcher
-
     command = launch_command(corpus_file, tokenizer_dir, output_dir, port, ONE_MACHINE, **overrides)
     returncode, output = run_launcher(command, LAUNCH_ENV, output_dir.parent, timeout=300)
     assert returncode == 0, output[-4000:]
@@ -135,22 +133,6 @@ def two_machines(corpus_file, tokenizer_dir, output_dir: Path, port: int, **over
             subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=LAUNCH_ENV, start_new_session=True)
         )
     return processes
-
-
-def kill_tree(pid: int) -> None:
-    """kill -9 a launcher and every process under it: torch's launcher starts each rank in a session of its own."""
-    import psutil
-
-    try:
-        launcher = psutil.Process(pid)
-        processes = [*launcher.children(recursive=True), launcher]
-    except psutil.NoSuchProcess:  # it has ended
-        return
-    for process in processes:
-        try:
-            process.kill()
-        except psutil.NoSuchProcess:
-            pass
 
 
 def finish(processes: list[subprocess.Popen], timeout: float = 300) -> list[str]:

@@ -18,7 +18,7 @@ import torch
 import yaml
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState
-from conftest import TINY_PRETRAIN, python_path, documentation_corpus, forget_kernel_choices, tiny_bert_config, run_config_maker, run_log, kill_after_saving, saved_tokenizer, trial_model
+from conftest import TINY_PRETRAIN, python_path, run_launcher, documentation_corpus, forget_kernel_choices, tiny_bert_config, run_config_maker, run_log, kill_after_saving, saved_tokenizer, trial_model
 
 from scratchbert import ScratchBertConfig, ScratchBertForPreTraining, cpu_gemm
 from scratchbert.tokenization import load_tokenizer
@@ -718,25 +718,6 @@ def test_command_line_reports_errors_in_one_line(tmp_path, capsys):
 
 
 # --- several processes -------------------------------------------------------------------
-
-
-def run_launcher(command: list[str], env: dict, cwd: Path, timeout: float) -> tuple[int | None, str]:
-    """Run a multi-process launch; on a hang, kill every rank and return what they printed.
-
-    The launcher's ranks are its children: killing only the launcher would leave them holding
-    the output pipes (and the test waiting on them). So the launch gets a session of its own,
-    and the whole session is killed at the timeout.
-    """
-    import signal
-
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=cwd, start_new_session=True)
-    try:
-        output, _ = process.communicate(timeout=timeout)
-        return process.returncode, output
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        output, _ = process.communicate()
-        return None, f"the launch hung for {timeout:.0f}s and was killed; its ranks printed:\n{output}"
 
 
 def test_two_process_ddp_on_cpu(corpus_file, tokenizer_dir, tmp_path):

@@ -161,7 +161,7 @@ def test_streaming_is_fixed_for_the_run_and_an_empty_share_is_an_error(corpus_fi
 
 def test_two_processes_share_out_the_stream_and_resume(corpus_file, tokenizer_dir, tmp_path):
     """`accelerate launch --multi_gpu --num_processes 2 ... --streaming`, then --resume with more steps."""
-    from test_pretrain import run_launcher
+    from conftest import run_launcher
 
     output_dir = tmp_path / "ddp"
     base = [

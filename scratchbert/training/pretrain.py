@@ -503,7 +503,7 @@ def _announce(run: Run, log: RunLog) -> None:
         }
     )  # fmt: skip
     examples = "a stream of examples" if run.train_examples is None else f"{run.train_examples} examples"
-    examples_per_step = config.batch_size * config.gradient_accumulation_steps * accelerator.num_processes
+    examples_per_step = global_batch.examples_per_step(config.batch_size, config.gradient_accumulation_steps, accelerator.num_processes)
     if config.time_budget is None:
         length = f"{config.max_steps} steps"
     else:
