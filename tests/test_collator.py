@@ -88,15 +88,19 @@ def within(observed, expected, n, p=None):
 # -- the 15% / 80-10-10 rule --------------------------------------------------------
 
 
-def test_masking_rates_over_100k_tokens(tokenizer):
+@pytest.mark.parametrize("draws", ["per batch", "per example"])
+def test_masking_rates_over_100k_tokens(tokenizer, draws):
+    """Both ways of drawing give BERT's rates: one generator for the batch, or `SeededCollator`'s
+    generator per example (what `scratchbert pretrain` uses, so that N processes train as one)."""
     generator = torch.Generator().manual_seed(0)
     examples = synthetic_examples(tokenizer, 1100, generator)
     collator = DataCollatorForPretraining(tokenizer, generator=generator)
+    seeded = SeededCollator(collator, seed=0, model_inputs=("input_ids", "attention_mask", "labels"))
     special = torch.tensor(tokenizer.all_special_ids)
     candidates = chosen = to_mask = to_random = kept = 0
     for start in range(0, len(examples), 100):
         part = examples[start : start + 100]
-        batch = collator(part)
+        batch = collator(part) if draws == "per batch" else seeded(list(enumerate(part, start)))
         original = padded_originals(part, batch["input_ids"].shape[1], tokenizer.pad_token_id)
         candidate = batch["attention_mask"].bool() & ~torch.isin(original, special)
         labelled = batch["labels"] != IGNORE_INDEX
