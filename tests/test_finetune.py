@@ -72,7 +72,7 @@ from scratchbert.training.finetune_data import (
     label_names_of,
     label_warnings,
 )
-from scratchbert.training.text_windows import classify_texts, head_and_tail, tokenize_splits, windows_of
+from scratchbert.training.text_windows import classify_texts, head_and_tail, long_text_advice, tokenize_splits, windows_of
 
 REPO = Path(__file__).resolve().parents[1]
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -228,6 +228,21 @@ def test_head_and_tail_truncation_keeps_the_start_and_the_end(tokenizer):
         tokenize_splits(splits, tokenizer, "text", "text", max_length=10, truncation="head+tail")
     with pytest.raises(ValueError, match="truncation='tail'"):
         tokenize_splits(splits, tokenizer, "text", None, max_length=10, truncation="tail")
+
+
+def test_a_one_window_run_on_texts_it_cuts_is_told_that_windows_read_more(tokenizer):
+    long, short = " ".join(FILLERS), "good"  # 24 tokens and 1
+
+    def advice(texts, windows=1, pair=None):
+        splits = DatasetDict({"train": Dataset.from_dict({"text": texts, "labels": [0] * len(texts)})})
+        train = tokenize_splits(splits, tokenizer, "text", None, max_length=10, windows=windows)["train"]
+        return long_text_advice(train, 10, windows, pair)
+
+    assert advice([long, short, short, short]).startswith("25% of the training texts are cut at 10 tokens: --windows 4")
+    assert advice([long, short, short, short, short]) is None  # 20%: below the share that is worth a line
+    assert advice([short] * 4) is None
+    assert advice([long] * 4, windows=2) is None  # windows already read more
+    assert advice([long] * 4, pair="hypothesis") is None  # pairs are not cut into windows
 
 
 def test_windows_split_a_long_text_evenly_and_carry_its_label_and_index(tokenizer):

@@ -48,7 +48,9 @@ from scratchbert.training.finetune_data import carve_splits, check_columns, enco
 from scratchbert.training.folder_lock import OutputDirLock
 from scratchbert.training.output_folder import check_output_folder
 from scratchbert.training.soup import Member, WeightAverage, keep_soup_or_best_run, soup_record
-from scratchbert.training.text_windows import DEFAULT_MAX_LENGTH, DEFAULT_WINDOWS, TRUNCATIONS, check_max_length, record_inputs, tokenize_splits
+from scratchbert.training.text_windows import (
+    DEFAULT_MAX_LENGTH, DEFAULT_WINDOWS, TRUNCATIONS, check_max_length, long_text_advice, record_inputs, tokenize_splits,
+)  # fmt: skip
 
 logger = logging.getLogger(__name__)
 
@@ -413,6 +415,8 @@ def finetune(config: FinetuneConfig, model_class=None) -> dict[str, Any]:
     check_vocabulary(checkpoint.config.get("vocab_size", len(tokenizer)), tokenizer, config.tokenizer or checkpoint.name)
     splits, label_names, doubtful_labels = read_labelled_splits(config, checkpoint)
     splits = tokenize_splits(splits, tokenizer, config.text_column, config.text_pair_column, inputs["max_length"], inputs["truncation"], inputs["windows"])
+    if (advice := long_text_advice(splits["train"], inputs["max_length"], inputs["windows"], config.text_pair_column)) is not None:
+        logger.info(advice)
     schedule = fitted_schedule(config, checkpoint.hidden_size, len(splits["train"]))
     logger.info(
         "learning rate %g (%s), %g epochs of %d optimizer steps (%s), %d run%s averaged into the kept model",

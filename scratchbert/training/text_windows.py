@@ -103,6 +103,26 @@ def tokenize_splits(
     return type(splits)(tokenized)
 
 
+LONG_TEXT_SHARE = 0.25  # from this share of cut training texts on, the run says that windows read more
+
+
+def long_text_advice(train, max_length: int, windows: int, text_pair_column: str | None) -> str | None:
+    """A line for a one-window run whose training texts are often cut at `max_length`, else None.
+
+    A tokenized row that fills all `max_length` tokens was (nearly always) cut. On such sets four
+    windows read more of each text for the same optimizer steps (docs/finetuning.md).
+    """
+    if windows > 1 or text_pair_column is not None or len(train) == 0:
+        return None
+    cut = sum(len(ids) >= max_length for ids in train["input_ids"]) / len(train)
+    if cut < LONG_TEXT_SHARE:
+        return None
+    return (
+        f"{cut:.0%} of the training texts are cut at {max_length} tokens: --windows 4 --truncation head+tail reads up to "
+        "four times as much of each (+5.2 points on IMDB, +1.4 on BBC News: docs/finetuning.md)"
+    )
+
+
 # What the saved classifier's config records of how the run read a text, read back by `classify_texts`.
 INPUT_KEYS = {"max_length": "classifier_max_length", "truncation": "classifier_truncation", "windows": "classifier_windows"}
 
