@@ -11,6 +11,7 @@ import math
 from typing import Sequence
 
 import numpy as np
+import pyarrow.compute as pc
 import torch
 
 from scratchbert.errors import ScratchBertError
@@ -110,11 +111,13 @@ def long_text_advice(train, max_length: int, windows: int, text_pair_column: str
     """A line for a one-window run whose training texts are often cut at `max_length`, else None.
 
     A tokenized row that fills all `max_length` tokens was (nearly always) cut. On such sets four
-    windows read more of each text for the same optimizer steps (docs/finetuning.md).
+    windows read more of each text (docs/finetuning.md). The lengths are read from the Arrow
+    column as it is, without turning the token ids into Python lists.
     """
     if windows > 1 or text_pair_column is not None or len(train) == 0:
         return None
-    cut = sum(len(ids) >= max_length for ids in train["input_ids"]) / len(train)
+    lengths = pc.list_value_length(train.with_format("arrow")["input_ids"])  # (rows,)
+    cut = pc.sum(pc.greater_equal(lengths, max_length)).as_py() / len(train)
     if cut < LONG_TEXT_SHARE:
         return None
     return (
