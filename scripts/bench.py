@@ -72,9 +72,9 @@ import transformers
 
 import scratchbert
 from scratchbert import cpu_gemm
-from scratchbert.training.collator import DataCollatorForPretraining
 from scratchbert.tokenization import tokenizer_from_vocab
-from scratchbert.training.data import build_pretraining_dataset, split_sentences
+from scratchbert.training.pretraining.examples import build_pretraining_dataset, split_sentences
+from scratchbert.training.pretraining.masking import DataCollatorForPretraining
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
@@ -244,7 +244,6 @@ def ort_session_options(threads: int):
 
 def ort_matmul_session(k: int, n: int, threads: int):
     """One fp32 MatMul, x (M, K) . W (K, N) with W a constant: ONNX Runtime's GEMM (MLAS)."""
-    import onnx
     import onnxruntime
     from onnx import TensorProto, helper, numpy_helper
 

@@ -102,7 +102,7 @@ def run_arm(corpus: Path, num_proc: int, max_seq_length: int) -> dict:
     import datasets
 
     from scratchbert.ingestion import load_documents
-    from scratchbert.training.data import build_packed_dataset, tokenize_documents
+    from scratchbert.training.pretraining.examples import build_packed_dataset, tokenize_documents
 
     datasets.disable_progress_bars()
     tok, timings = tokenizer(), {}

@@ -1,6 +1,6 @@
 """Fine-tuning on real data: IMDB sentiment from the real English weights of all-MiniLM-L6-v2.
 
-The same run twice, through `scratchbert.training.finetune.finetune_text_classification`
+The same run twice, through `scratchbert.training.finetuning.run.finetune_text_classification`
 (the code behind `scratchbert finetune`): once with the weights loaded into scratchbert's
 `ScratchBertForSequenceClassification`, once into transformers' `BertForSequenceClassification`.
 Each side trains a new classification head and the whole encoder on a seeded random subset of
@@ -49,12 +49,11 @@ import time
 from pathlib import Path
 
 import torch
+from labelled_sets import IMDB, SETS, tfidf_scores, write_jsonl  # scripts/labelled_sets.py
 from transformers import BertForSequenceClassification
 
 from scratchbert import ScratchBertForSequenceClassification
-from scratchbert.training.finetune import finetune_text_classification
-
-from labelled_sets import IMDB, SETS, tfidf_scores, write_jsonl  # scripts/labelled_sets.py
+from scratchbert.training.finetuning.run import finetune_text_classification
 
 MODEL_CLASSES = {"scratchbert": ScratchBertForSequenceClassification, "transformers": BertForSequenceClassification}
 
@@ -216,7 +215,7 @@ def defaults_main(argv: list[str]) -> None:
     counts = {label: sum(row["label"] == label for row in train) for label in sorted({row["label"] for row in train})}
     print(f"{args.set}: {len(train)} labelled training examples {counts}, {len(test)} test; torch {torch.get_num_threads()} threads")
 
-    from scratchbert.training.finetune import finetune_text_classification
+    from scratchbert.training.finetuning.run import finetune_text_classification
 
     records = []
     with tempfile.TemporaryDirectory() as tmp:

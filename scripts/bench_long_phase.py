@@ -25,8 +25,8 @@ import torch
 
 from scratchbert.inspection import load_masked_lm
 from scratchbert.tokenization import train_tokenizer
-from scratchbert.training.collator import DataCollatorForPretraining
-from scratchbert.training.data import build_packed_dataset
+from scratchbert.training.pretraining.examples import build_packed_dataset
+from scratchbert.training.pretraining.masking import DataCollatorForPretraining
 
 
 def split_corpus(text: Path, out: Path, eval_documents: int) -> tuple[Path, list[str]]:

@@ -17,7 +17,7 @@ James Bible's verses by testament or by their book's kind from ../shared/data/co
       it at the budget in any case.
 
 Each seed draws its own `--train-examples` labelled training documents (the same ones for every
-row: a user's label budget). Each model is fine-tuned on them (`scratchbert.training.finetune`,
+row: a user's label budget). Each model is fine-tuned on them (`scratchbert.training.finetuning.run`,
 head+tail truncation, the command's own defaults for learning rate, epochs, pooling and
 validation unless --finetune-lr / --epochs / --finetune-option say otherwise; with `--validation-examples 0` the
 command holds 10% of the budget out to pick its epoch) and scored on `--test-examples` test
@@ -51,18 +51,16 @@ import math
 import random
 import re
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
-
 from labelled_sets import IMDB, SETS, cpu_name, have_scikit_learn, imdb_set, tfidf_scores, write_jsonl  # scripts/labelled_sets.py
 
-from scratchbert.training.config import DEFAULT_VOCAB_SIZE, PretrainConfig
-from scratchbert.training.plotting import finish_figure
-from scratchbert.training import finetune as finetune_module
-from scratchbert.training.finetune import FinetuneConfig
+from scratchbert.training.finetuning import run as finetune_module
+from scratchbert.training.finetuning.run import FinetuneConfig
+from scratchbert.training.pretraining.config import DEFAULT_VOCAB_SIZE, PretrainConfig
+from scratchbert.training.pretraining.run_log import finish_figure
 
 # What a set's labelled examples default to: a label budget, a separate validation set (0: the
 # command holds 10% of the budget out), test documents.
@@ -90,7 +88,7 @@ def write_pretraining_text(rows: list[dict], target: Path) -> int:
 # ---------------------------------------------------------------------------------------------
 def pretrain_scratchbert(args, text_file: Path, tokenizer_dir: Path, out: Path) -> dict:
     """`scratchbert pretrain --time-budget` with the default recipe: row (a)."""
-    from scratchbert.training.pretrain import pretrain
+    from scratchbert.training.pretraining.loop import pretrain
 
     config = PretrainConfig(**{
         "preset": args.preset, "train_files": [str(text_file)], "tokenizer": str(tokenizer_dir), "max_seq_length": args.max_seq_length,
@@ -105,7 +103,7 @@ def pretrain_scratchbert(args, text_file: Path, tokenizer_dir: Path, out: Path) 
 
 def pretraining_stats(run_dir: Path) -> dict:
     """Steps, tokens and training seconds from a run's final record (the last: a resumed run ends twice)."""
-    from scratchbert.training.plotting import read_log
+    from scratchbert.training.pretraining.run_log import read_log
 
     final = [r for r in read_log(run_dir / "train_log.jsonl") if r["type"] == "final"][-1]
     return {"steps": final["step"], "tokens": final["tokens_seen"], "seconds": final["training_seconds"]}
@@ -216,10 +214,9 @@ def held_out_mlm_accuracy(model_dir: Path, tokenizer, texts: list[str], max_seq_
     from torch.utils.data import DataLoader
 
     from scratchbert import ScratchBertForMaskedLM
-    from scratchbert.training.collator import DataCollatorForPretraining
-    from scratchbert.training.data import build_packed_dataset
-    from scratchbert.training.collator import IndexedDataset, SeededCollator
-    from scratchbert.training.evaluation import EVAL_MLM_PROBABILITY, evaluate
+    from scratchbert.training.pretraining.evaluation import EVAL_MLM_PROBABILITY, evaluate
+    from scratchbert.training.pretraining.examples import build_packed_dataset
+    from scratchbert.training.pretraining.masking import DataCollatorForPretraining, IndexedDataset, SeededCollator
 
     blocks = build_packed_dataset(texts, tokenizer, max_seq_length=max_seq_length)
     collate = SeededCollator(DataCollatorForPretraining(tokenizer, mlm_probability=EVAL_MLM_PROBABILITY), seed=1)
@@ -246,7 +243,7 @@ def command_defaults() -> dict:
 
 def finetune_scores(args, model_dir: Path, data: dict, seed: int, out: Path) -> dict:
     """Fine-tune `model_dir` on the seed's labels; test accuracy, macro-F1, whether it collapsed, its schedule."""
-    from scratchbert.training.finetune import finetune_text_classification
+    from scratchbert.training.finetuning.run import finetune_text_classification
 
     record = out / "bench_finetune.json"
     settings = {name: getattr(args, name) for name in FINETUNE_ARGS} | {"run_seed": seed, "command_defaults": command_defaults()}
@@ -365,15 +362,14 @@ def choose_mixed_precision(args, vocab_size: int) -> tuple[str, dict | None]:
     on (a)'s model (with its --pretrain-options), batch shape and masking rate; returns the choice and
     the trial's tokens/s (None when reused)."""
     from scratchbert import ScratchBertConfig
-    from scratchbert.training.models import pretraining_model
-    from scratchbert.training.precision import faster_precision, training_rates
+    from scratchbert.training.pretraining.precision import faster_precision, training_rates
 
     saved = Path(args.out) / "a" / "pretrain_config.json"
     if args.reuse and saved.is_file():  # the table names the precision its pretraining ran in
         return json.loads(saved.read_text())["mixed_precision"], None
     run = PretrainConfig(preset=args.preset, **args.pretrain_options)
     model_config = ScratchBertConfig(vocab_size=vocab_size, **run.model_kwargs())
-    rates = training_rates(lambda: pretraining_model(run, model_config), args.batch_size, args.max_seq_length, run.mlm_probability)
+    rates = training_rates(lambda: run.new_model(model_config), args.batch_size, args.max_seq_length, run.mlm_probability)
     print(f"mixed precision: {', '.join(f'{name} {rate:,.0f}' for name, rate in rates.items())} tokens/s in a timed trial; "
           f"pretraining in {'bf16' if faster_precision(rates) == 'bf16' else 'fp32'}", flush=True)  # fmt: skip
     return faster_precision(rates), rates
@@ -400,7 +396,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--mixed-precision", default="auto", choices=["auto", "no", "bf16"],
         help="pretraining precision of (a) and (d); auto: as the pretrain command's on a CPU, the faster here (bf16 only when at "
-        "least 10%% faster), timed on a few steps of the model and batch (scratchbert.training.precision; bf16 was slower on an "
+        "least 10%% faster), timed on a few steps of the model and batch (scratchbert.training.pretraining.precision; bf16 was slower on an "
         "AVX2-only Zen 3 and on an Intel without AMX, 1.9 times faster on a Zen 4: docs/performance.md)",
     )  # fmt: skip
     parser.add_argument("--vocab-size", type=int, help="WordPiece vocabulary trained on the pretraining text (default: the set's)")

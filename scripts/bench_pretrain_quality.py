@@ -1,6 +1,6 @@
 """Pretraining quality, measured: does the loop learn, and does scratchbert train like transformers' BERT?
 
-Not a test (minutes of CPU). Two runs of the same loop (`scratchbert.training.pretrain`) on
+Not a test (minutes of CPU). Two runs of the same loop (`scratchbert.training.pretraining.loop`) on
 the shared real-text corpus (Moby-Dick + the King James Bible, ../shared/data/corpus):
 
   1. scratchbert's `ScratchBertForPreTraining`;
@@ -34,11 +34,11 @@ from accelerate.state import AcceleratorState
 from transformers import BertConfig, BertForPreTraining
 
 from scratchbert import ScratchBertConfig, ScratchBertForPreTraining
-from scratchbert.training.config import PretrainConfig
-from scratchbert.training.corpus import TOKENIZER_DIR
-from scratchbert.training import pretrain as pretrain_module
-from scratchbert.training.plotting import finish_figure, read_log
-from scratchbert.training.pretrain import LOG_FILE, pretrain
+from scratchbert.training.pretraining import loop as pretrain_module
+from scratchbert.training.pretraining.config import PretrainConfig
+from scratchbert.training.pretraining.corpus import TOKENIZER_DIR
+from scratchbert.training.pretraining.loop import LOG_FILE, pretrain
+from scratchbert.training.pretraining.run_log import finish_figure, read_log
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from scratchbert import ingestion
 from scratchbert.tokenization import train_tokenizer
-from scratchbert.training.config import DEFAULT_VOCAB_SIZE
+from scratchbert.training.pretraining.config import DEFAULT_VOCAB_SIZE
 from scratchbert.wordpiece_trainer import segmentation_stats
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"

@@ -155,7 +155,7 @@ def tfidf_scores(train: list[dict], test: list[dict], tuned: bool = False) -> di
         from sklearn.pipeline import make_pipeline
     except ImportError:
         return None
-    from scratchbert.training.classifier_metrics import classification_metrics
+    from scratchbert.training.finetuning.metrics import classification_metrics
 
     names = sorted({row["label"] for row in train})
     texts, labels = [r["text"] for r in train], [names.index(r["label"]) for r in train]

@@ -1,7 +1,7 @@
 """Pretrain BERT from scratch: `python scripts/pretrain.py ...` or `accelerate launch scripts/pretrain.py ...`.
 
 A thin wrapper over `scratchbert pretrain` (scratchbert/commands/pretrain.py); the loop lives in
-scratchbert/training/pretrain.py. `--help` lists the options.
+scratchbert/training/pretraining/loop.py. `--help` lists the options.
 """
 
 import sys

@@ -176,7 +176,7 @@ class Preempted(Exception):
 def kill_after_saving(monkeypatch, step: int, run) -> None:
     """Call `run()` with checkpointing that kills the run right after saving `step` (as a preempted
     machine would), then restore checkpointing: the caller resumes from what was saved."""
-    from scratchbert.training import checkpoint as ckpt
+    from scratchbert.training.pretraining import checkpoint as ckpt
 
     real_save = ckpt.save_checkpoint
 
@@ -250,7 +250,7 @@ def run_launcher(command: list[str], env: dict, cwd: Path, timeout: float) -> tu
 
 def run_config_maker(values: dict, corpus_file: Path, tokenizer_dir: Path):
     """make(output_dir, **overrides) -> a PretrainConfig of `values` on the corpus and tokenizer, overrides winning."""
-    from scratchbert.training.config import PretrainConfig
+    from scratchbert.training.pretraining.config import PretrainConfig
 
     def make(output_dir: Path, **overrides) -> PretrainConfig:
         shared = {"train_files": [str(corpus_file)], "tokenizer": str(tokenizer_dir), "output_dir": str(output_dir)}
@@ -261,7 +261,7 @@ def run_config_maker(values: dict, corpus_file: Path, tokenizer_dir: Path):
 
 def run_log(output_dir: Path) -> list[dict]:
     """The records of a finished or interrupted run's train_log.jsonl."""
-    from scratchbert.training.plotting import read_log
+    from scratchbert.training.pretraining.run_log import read_log
 
     return read_log(output_dir / "train_log.jsonl")
 

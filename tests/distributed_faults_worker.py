@@ -24,9 +24,9 @@ import torch
 from accelerate import Accelerator
 
 from scratchbert.commands.report import report_errors
-from scratchbert.training import checkpoint as ckpt
-from scratchbert.training import distributed_checks
-from scratchbert.training.accelerator import start_processes
+from scratchbert.training.pretraining import checkpoint as ckpt
+from scratchbert.training.pretraining import processes
+from scratchbert.training.pretraining.processes import start_processes
 
 
 def train(output_dir: Path, ddp_timeout: float) -> None:
@@ -36,7 +36,7 @@ def train(output_dir: Path, ddp_timeout: float) -> None:
     model = torch.nn.Linear(8, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     model, optimizer = accelerator.prepare(model, optimizer)
-    with distributed_checks.naming_lost_processes(output_dir, ddp_timeout):
+    with processes.naming_lost_processes(output_dir, ddp_timeout):
         for step in range(1, 100_000):
             loss = model(torch.randn(4, 8)).pow(2).mean()
             accelerator.backward(loss)  # DDP's all-reduce of the gradients
@@ -51,21 +51,21 @@ def train(output_dir: Path, ddp_timeout: float) -> None:
 
 def shared(output_dir: Path, wait_seconds: float) -> None:
     state = start_processes(60)
-    distributed_checks.check_shared_output_dir(state, output_dir, wait_seconds)  # as setup, before the folder is made
+    processes.check_shared_output_dir(state, output_dir, wait_seconds)  # as setup, before the folder is made
     if state.is_main_process:
         output_dir.mkdir(parents=True, exist_ok=True)
     state.wait_for_everyone()
-    distributed_checks.check_shared_output_dir(state, output_dir, wait_seconds)  # and once it is
+    processes.check_shared_output_dir(state, output_dir, wait_seconds)  # and once it is
     left = sorted(path.name for path in [*output_dir.iterdir(), *output_dir.parent.iterdir()] if path.name.startswith("."))
     print(f"process {state.process_index}: shared; hidden files left {left}")
 
 
 def versions(odd_rank: int) -> None:
     state = start_processes(60)
-    installed = distributed_checks.installed_versions()
+    installed = processes.installed_versions()
     if state.process_index == odd_rank:
         installed["scratchbert"] = "0.0.1 (source 0123456789ab)"
-    distributed_checks.check_same_versions(state, installed)
+    processes.check_same_versions(state, installed)
     print(f"process {state.process_index}: same versions")
 
 

@@ -16,7 +16,7 @@ the plugin from the FSDP_* variables, `prepare` (the optimizer's parameters swap
 sharded ones), `backward`, `get_state_dict`, and `save_state`/`load_state` through
 torch.distributed.checkpoint.
 
-The model is sharded by `scratchbert.training.sharding.shard` before `prepare`, as the pretrain
+The model is sharded by `scratchbert.training.pretraining.sharding.shard` before `prepare`, as the pretrain
 loop would; `--accelerate-wrapping` first records what a step does when accelerate's own
 `fsdp2_prepare_model` shards it instead. Each launch trains with scratchbert's AdamW (`adamw`,
 fused on CPU), parameter groups and schedule, checkpoints with `checkpoint.save_checkpoint` /
@@ -45,10 +45,10 @@ from torch.nn.parallel import DistributedDataParallel
 
 from scratchbert import ScratchBertConfig, ScratchBertForMaskedLM
 from scratchbert.tokenization import tokenizer_from_vocab
-from scratchbert.training import checkpoint as ckpt
-from scratchbert.training.output_folder import save_final_model
-from scratchbert.training.schedules import adamw, make_scheduler, parameter_groups
-from scratchbert.training.sharding import shard
+from scratchbert.training.pretraining import checkpoint as ckpt
+from scratchbert.training.pretraining.checkpoint import save_final_model
+from scratchbert.training.pretraining.schedules import adamw, make_scheduler, parameter_groups
+from scratchbert.training.pretraining.sharding import shard
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 VOCAB_SIZE, GLOBAL_BATCH, SEQ_LENGTH, MASK_SHARE = 100, 8, 16, 0.3

@@ -26,18 +26,18 @@ from pathlib import Path
 import pytest
 import torch
 from accelerate import Accelerator
+from conftest import TINY_PRETRAIN, documentation_corpus, python_path, saved_tokenizer, tiny_bert_config
 
 from scratchbert import ScratchBertForMaskedLM
 from scratchbert.commands import main
 from scratchbert.errors import ScratchBertError
 from scratchbert.ingestion import DataError, load_documents, load_table, read_lines
 from scratchbert.tokenization import train_tokenizer
-from scratchbert.training import checkpoint as ckpt
-from scratchbert.training import pretrain as pretrain_module
-from scratchbert.training.config import PretrainConfig
-from scratchbert.training.folder_lock import LOCK_FILE, OutputDirLock
+from scratchbert.training.pretraining import checkpoint as ckpt
+from scratchbert.training.pretraining import loop as pretrain_module
+from scratchbert.training.pretraining.config import PretrainConfig
+from scratchbert.training.run_folder import LOCK_FILE, OutputDirLock
 from scratchbert.weights import model_folder
-from conftest import TINY_PRETRAIN, documentation_corpus, python_path, saved_tokenizer, tiny_bert_config
 
 TEXT = "".join(f"document {n} has a few words of plain text in it.\n\n" for n in range(3000))
 

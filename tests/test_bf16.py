@@ -18,12 +18,11 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
+from test_padding_free import mlm_batch, padded_inputs, tiny_config
 
 from scratchbert import ScratchBertForPreTraining, ScratchBertModel
 from scratchbert.tokenization import tokenizer_from_vocab
-from scratchbert.training.data import split_sentences
-
-from test_padding_free import mlm_batch, padded_inputs, tiny_config
+from scratchbert.training.pretraining.examples import split_sentences
 
 INFERENCE_REL = {"autocast": 0.02, "bf16 weights": 0.03}
 MIN_COSINE = 0.999

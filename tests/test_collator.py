@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 from transformers import AutoTokenizer
 
-from scratchbert.training.collator import IGNORE_INDEX, DataCollatorForPretraining, SeededCollator
 from scratchbert.ingestion import default_corpus_documents
-from scratchbert.training.data import build_pretraining_dataset
+from scratchbert.training.pretraining.examples import build_pretraining_dataset
+from scratchbert.training.pretraining.masking import IGNORE_INDEX, DataCollatorForPretraining, SeededCollator
 
 datasets.disable_progress_bars()
 
@@ -248,9 +248,11 @@ def test_with_transformers_trainer(tokenizer, real_examples, tmp_path):
     from transformers import Trainer, TrainingArguments
 
     try:
-        from scratchbert import ScratchBertConfig, ScratchBertForPreTraining as Model
+        from scratchbert import ScratchBertConfig
+        from scratchbert import ScratchBertForPreTraining as Model
     except ImportError:  # the model lands separately; transformers' BERT has the same signature
-        from transformers import BertConfig as ScratchBertConfig, BertForPreTraining as Model
+        from transformers import BertConfig as ScratchBertConfig
+        from transformers import BertForPreTraining as Model
     config = ScratchBertConfig(
         vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64
     )

@@ -12,12 +12,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import tiny_bert_config
 
-import scratchbert
 from scratchbert import ScratchBertForMaskedLM
 from scratchbert.commands import COMMANDS, main
 from scratchbert.tokenization import train_tokenizer
-from conftest import tiny_bert_config
 
 REPO = Path(__file__).resolve().parents[1]
 SENTENCES = [

@@ -12,13 +12,13 @@ import math
 
 import pytest
 import torch
-from conftest import tiny_bert_config
 import torch.nn.functional as F
+from conftest import tiny_bert_config
 
 from scratchbert import ScratchBertConfig, ScratchBertForPreTraining, ScratchBertModel
 from scratchbert.modeling_scratchbert import IGNORE_INDEX, ScratchBertAddNorm, cross_entropy
 from scratchbert.tokenization import train_tokenizer
-from scratchbert.training.collator import DataCollatorForPretraining
+from scratchbert.training.pretraining.masking import DataCollatorForPretraining
 
 VOCAB, HIDDEN, LAYERS, HEADS, SEQ = 50, 32, 2, 4, 10
 HEAD_DIM = HIDDEN // HEADS

@@ -17,17 +17,16 @@ import datasets
 import huggingface_hub.constants
 import pytest
 import torch
+import transformers
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
-import transformers
 from transformers import AutoTokenizer
 
 from scratchbert.errors import ScratchBertError
 from scratchbert.ingestion import default_corpus_documents, load_documents
-from scratchbert.training import data as data_module
-from scratchbert.training.collator import DataCollatorForPretraining
-from scratchbert.training.data import (
-    available_cores,
+from scratchbert.training.pretraining import examples as data_module
+from scratchbert.training.pretraining.config import available_cores
+from scratchbert.training.pretraining.examples import (
     build_packed_dataset,
     build_pretraining_dataset,
     create_pairs_from_document,
@@ -36,6 +35,7 @@ from scratchbert.training.data import (
     tokenize_documents,
     truncate_pair,
 )
+from scratchbert.training.pretraining.masking import DataCollatorForPretraining
 
 datasets.disable_progress_bars()
 MAX_SEQ_LENGTH = 24
@@ -442,8 +442,8 @@ def test_no_progress_bar_silences_every_bar_datasets_included(many_documents_fil
 
 
 def test_with_bars_on_each_stage_draws_one_bar_with_its_rate(many_documents_file, bert_tokenizer, tmp_path, capfd, datasets_bars_on, fresh_accelerator_state):
-    from scratchbert.training import corpus
-    from scratchbert.training.config import PretrainConfig
+    from scratchbert.training.pretraining import corpus
+    from scratchbert.training.pretraining.config import PretrainConfig
 
     fresh = tmp_path / "many.txt"  # a file no other test has read into the Arrow cache
     fresh.write_bytes(many_documents_file.read_bytes())
@@ -462,7 +462,7 @@ def test_with_bars_on_each_stage_draws_one_bar_with_its_rate(many_documents_file
 
 
 def test_the_default_number_of_processes_is_the_cores_this_process_may_use():
-    from scratchbert.training.config import PretrainConfig
+    from scratchbert.training.pretraining.config import PretrainConfig
 
     assert available_cores() >= 1 and PretrainConfig().num_proc == available_cores()
     assert PretrainConfig(num_proc=1).num_proc == 1
@@ -479,7 +479,7 @@ def test_default_corpus_builds_full_length_examples(bert_tokenizer):
 
 def test_skips_are_counted_and_logged(bert_tokenizer, unique_word_corpus, caplog):
     documents = ["", "   ", "Only one sentence here.", *unique_word_corpus[0][:5]]
-    with caplog.at_level(logging.WARNING, logger="scratchbert.training.data"):
+    with caplog.at_level(logging.WARNING, logger="scratchbert.training.pretraining.examples"):
         examples = build_pretraining_dataset(documents, bert_tokenizer, max_seq_length=MAX_SEQ_LENGTH)
     assert len(examples) > 0
     assert "Skipped 3 of 8 documents: 2 empty, 1 of a single sentence" in caplog.text
@@ -637,8 +637,8 @@ def test_prepared_data_is_reused_and_rebuilt_when_the_corpus_or_tokenizer_change
     """A second run on the same corpus, tokenizer and options reads the cached examples without
     tokenizing; an edited corpus file or another tokenizer builds new ones."""
     from scratchbert.tokenization import train_tokenizer
-    from scratchbert.training import corpus
-    from scratchbert.training.config import PretrainConfig
+    from scratchbert.training.pretraining import corpus
+    from scratchbert.training.pretraining.config import PretrainConfig
 
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "cache"))
     tokenized = []  # the documents each preparation tokenized
@@ -689,7 +689,7 @@ def test_data_scale_bench_prints_equal_examples_for_every_process_count(shared_d
 
 
 def test_epoch_permutation_hands_out_every_example_once_in_a_seeded_order():
-    from scratchbert.training.corpus import EpochPermutation
+    from scratchbert.training.pretraining.corpus import EpochPermutation
 
     sampler = EpochPermutation(10_000, seed=3)  # more than one chunk of indices
     first = list(sampler)

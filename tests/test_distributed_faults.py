@@ -1,4 +1,4 @@
-"""Distributed faults end in one line that names the fix (`scratchbert.training.distributed_checks`).
+"""Distributed faults end in one line that names the fix (`scratchbert.training.pretraining.processes`).
 
 The launches are two "machines" on this one: `accelerate launch --num_machines 2 --machine_rank 0|1
 --main_process_ip 127.0.0.1`, one process each, gloo. Each launcher then knows only its own process,
@@ -19,12 +19,11 @@ from pathlib import Path
 
 import pytest
 import torch.distributed as dist
+from conftest import first_documents_file, python_path
 
 from scratchbert.errors import ScratchBertError
-from scratchbert.training import distributed_checks
-from scratchbert.training.distributed_checks import LostProcessError
-
-from conftest import first_documents_file, python_path
+from scratchbert.training.pretraining import processes
+from scratchbert.training.pretraining.processes import LostProcessError
 
 REPO = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).with_name("distributed_faults_worker.py")
@@ -183,7 +182,7 @@ def test_processes_with_different_versions_are_refused_with_which_has_which(tmp_
     assert failed(codes), outputs
     lines = errors(outputs[0]) + errors(outputs[1])
     assert len(lines) == 1, outputs
-    ours = distributed_checks.installed_versions()["scratchbert"]
+    ours = processes.installed_versions()["scratchbert"]
     assert f"different software: scratchbert {ours} on process 0 (" in lines[0], lines[0]
     assert "0.0.1 (source 0123456789ab) on process 1 (" in lines[0] and "Install the same versions on every machine" in lines[0]
     assert "torch" not in lines[0].split("Install")[0].replace("scratchbert", "")  # only what differs is named
@@ -195,35 +194,35 @@ def test_processes_with_different_versions_are_refused_with_which_has_which(tmp_
 def test_version_differences_name_each_package_that_differs_once():
     same = {"scratchbert": "0.1.0 (source a)", "torch": "2.13.0"}
     reports = [("a", same), ("a", same), ("b", {**same, "torch": "2.12.0"}), ("b", {**same, "torch": "2.12.0"})]
-    assert distributed_checks.version_differences(reports[:2]) == ""
-    assert distributed_checks.version_differences(reports) == "torch 2.13.0 on processes 0, 1 (a), 2.12.0 on processes 2, 3 (b)"
+    assert processes.version_differences(reports[:2]) == ""
+    assert processes.version_differences(reports) == "torch 2.13.0 on processes 0, 1 (a), 2.12.0 on processes 2, 3 (b)"
 
 
 def test_the_processes_whose_heartbeat_stopped_are_the_ones_named():
     """With more than two processes a survivor reads the others' heartbeats in the launch's store: here 0 and 2 beat."""
     store = dist.HashStore()
-    beating = [distributed_checks.Heartbeat(store, rank, interval=0.05) for rank in (0, 2)]
-    store.add(f"{distributed_checks.HEARTBEAT_KEY}3", 1)  # process 3 beat once, then died
+    beating = [processes.Heartbeat(store, rank, interval=0.05) for rank in (0, 2)]
+    store.add(f"{processes.HEARTBEAT_KEY}3", 1)  # process 3 beat once, then died
     try:
-        assert distributed_checks.silent_processes(store, 4, wait_seconds=0.5) == [1, 3]
+        assert processes.silent_processes(store, 4, wait_seconds=0.5) == [1, 3]
     finally:
         for heartbeat in beating:
             heartbeat.stop()
-    assert distributed_checks.silent_processes(None, 4) is None
+    assert processes.silent_processes(None, 4) is None
 
 
 def test_errors_of_a_run_in_one_process_pass_through():
     with pytest.raises(RuntimeError, match="Connection reset by peer"):
-        with distributed_checks.naming_lost_processes("nowhere"):
+        with processes.naming_lost_processes("nowhere"):
             raise RuntimeError("gloo: Connection reset by peer")
     assert not issubclass(RuntimeError, LostProcessError)
 
 
 def test_the_timeout_must_be_a_positive_number_of_seconds():
-    assert distributed_checks.collective_timeout(90) == timedelta(seconds=90)
+    assert processes.collective_timeout(90) == timedelta(seconds=90)
     for bad in (0, -1, float("inf"), True, "60"):
         with pytest.raises(ScratchBertError, match="ddp_timeout: 1800 in a --config file"):
-            distributed_checks.collective_timeout(bad)
+            processes.collective_timeout(bad)
 
 
 def test_the_pretrain_command_names_a_killed_process_of_another_machine(tmp_path):
@@ -235,7 +234,7 @@ def test_the_pretrain_command_names_a_killed_process_of_another_machine(tmp_path
     from test_global_batch import two_machines
 
     from scratchbert.tokenization import train_tokenizer
-    from scratchbert.training import checkpoint as ckpt
+    from scratchbert.training.pretraining import checkpoint as ckpt
 
     corpus = first_documents_file(tmp_path, documents=24, words=120)
     tokenizer = tmp_path / "tokenizer"

@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from datasets import ClassLabel, Dataset, DatasetDict
 from conftest import forget_kernel_choices
+from datasets import ClassLabel, Dataset, DatasetDict
 from safetensors.torch import load_file
 from transformers import (
     AutoModelForSequenceClassification,
@@ -27,13 +27,13 @@ from transformers import (
     BertForMaskedLM,
     BertForSequenceClassification,
     DataCollatorForTokenClassification,
-    DataCollatorWithPadding,
     EvalPrediction,
     TrainerCallback,
     TrainingArguments,
     pipeline,
 )
 
+import scratchbert.commands
 from scratchbert import (
     ScratchBertConfig,
     ScratchBertForMaskedLM,
@@ -42,10 +42,16 @@ from scratchbert import (
     ScratchBertForTokenClassification,
     cpu_gemm,
 )
-import scratchbert.commands
 from scratchbert.tokenization import tokenizer_from_vocab
-from scratchbert.training.checkpoint_info import CheckpointInfo, default_pooling, load_sequence_classifier
-from scratchbert.training.classifier_metrics import (
+from scratchbert.training.finetuning.data import (
+    carve_splits,
+    check_columns,
+    encode_labels,
+    hold_out_by_label,
+    label_names_of,
+    label_warnings,
+)
+from scratchbert.training.finetuning.metrics import (
     COLLAPSE_ADVICE,
     classification_metrics,
     collapse_of,
@@ -53,7 +59,8 @@ from scratchbert.training.classifier_metrics import (
     span_metrics,
     token_classification_metrics,
 )
-from scratchbert.training.finetune import (
+from scratchbert.training.finetuning.pretrained import CheckpointInfo, default_pooling, load_sequence_classifier
+from scratchbert.training.finetuning.run import (
     DEFAULT_EARLY_STOPPING_PATIENCE,
     DEFAULT_EPOCHS,
     DEFAULT_MIN_STEPS,
@@ -64,15 +71,7 @@ from scratchbert.training.finetune import (
     fitted_schedule,
     make_trainer,
 )
-from scratchbert.training.finetune_data import (
-    carve_splits,
-    check_columns,
-    encode_labels,
-    hold_out_by_label,
-    label_names_of,
-    label_warnings,
-)
-from scratchbert.training.text_windows import classify_texts, head_and_tail, long_text_advice, tokenize_splits, windows_of
+from scratchbert.training.finetuning.windows import classify_texts, head_and_tail, long_text_advice, tokenize_splits, windows_of
 
 REPO = Path(__file__).resolve().parents[1]
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -320,7 +319,7 @@ def test_labels_only_validation_or_test_rows_have_and_look_alike_labels_are_warn
         validation=Dataset.from_dict({"labels": [1, 3]}),
         test=Dataset.from_dict({"labels": [2, 2, 1]}),
     )
-    with caplog.at_level(logging.WARNING, logger="scratchbert.training.finetune"):
+    with caplog.at_level(logging.WARNING, logger="scratchbert.training.finetuning.run"):
         found = label_warnings(splits, names)
     assert found == {"not_in_train": {"test": {"other": 2}}, "look_alike": [["Neg", "neg"]]}
     assert "'other' in 2 rows" in caplog.text and "count as errors" in caplog.text and "'Neg' / 'neg'" in caplog.text
@@ -400,10 +399,10 @@ def test_help_stays_short_and_the_finetune_modules_small(monkeypatch, capsys):
         scratchbert.commands.main(["finetune", "--help"])
     options = [line for line in capsys.readouterr().out.splitlines() if line.strip().startswith("--")]
     assert 20 < len(options) <= 32, options
-    for name in ("finetune", "finetune_data", "text_windows", "classifier_metrics", "checkpoint_info", "soup"):
-        tree = ast.parse((REPO / "scratchbert" / "training" / f"{name}.py").read_text())
+    for path in (REPO / "scratchbert" / "training" / "finetuning").glob("*.py"):
+        tree = ast.parse(path.read_text())
         long = [f.name for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and f.end_lineno - f.lineno + 1 > 60]
-        assert not long, (name, long)
+        assert not long, (path.name, long)
 
 
 def test_empty_or_missing_data_and_occupied_output_dir(tmp_path, capsys, cli_main, scratch_checkpoint):
@@ -421,8 +420,8 @@ def test_empty_or_missing_data_and_occupied_output_dir(tmp_path, capsys, cli_mai
 
 
 def test_a_folder_another_run_is_writing_to_is_refused_even_with_overwrite(tmp_path, capsys, cli_main, scratch_checkpoint, monkeypatch):
-    from scratchbert.training import finetune as finetune_module
-    from scratchbert.training.folder_lock import LOCK_FILE, OutputDirLock
+    from scratchbert.training.finetuning import run as finetune_module
+    from scratchbert.training.run_folder import LOCK_FILE, OutputDirLock
 
     train = write_csv(tmp_path / "train.csv", sentiment_rows(48, seed=4))
     out = tmp_path / "out"
@@ -750,7 +749,7 @@ def test_a_soup_that_falls_to_a_constant_guess_keeps_the_best_run_and_says_so(tm
     """A soup that validates worse than every one of its runs (here made a constant guess: the averaged
     classifier zeroed) is not kept: the run with the best validation score is, saved, validated and tested in
     its place, and the log says why."""
-    from scratchbert.training.soup import WeightAverage
+    from scratchbert.training.finetuning.soup import WeightAverage
 
     average = WeightAverage.load_into
 
@@ -795,7 +794,7 @@ def test_a_soup_that_validates_worse_than_every_run_keeps_the_best_run_and_says_
 
     from safetensors.torch import save_file
 
-    from scratchbert.training.soup import Member, keep_soup_or_best_run
+    from scratchbert.training.finetuning.soup import Member, keep_soup_or_best_run
 
     members = []
     for k, (loss, score) in enumerate([(0.4, 0.80), (0.3, 0.90), (0.5, 0.90)]):

@@ -34,7 +34,7 @@ from transformers import AutoModelForMaskedLM
 
 from scratchbert import ScratchBertForMaskedLM
 from scratchbert.errors import ScratchBertError
-from scratchbert.training.sharding import original_class, take_over_wrapping, unsharded_copy
+from scratchbert.training.pretraining.sharding import original_class, take_over_wrapping, unsharded_copy
 
 REPO = Path(__file__).resolve().parent.parent
 WORKER = REPO / "tests" / "fsdp2_worker.py"

@@ -6,7 +6,7 @@ issue measured it: the distance between two runs' final weights over the distanc
 runs that differ only in --seed. Before the global batch (issue 78), 2 x 8 against 1 x 16 was
 0.139 of it; what remains is float rounding (the order DDP sums gradients in), under 1e-3.
 Dropout is off in every run compared (the packed recipe has none; the paper recipe's is set to
-0 here): each process draws its own dropout masks (`training/global_batch.py`).
+0 here): each process draws its own dropout masks (`training/pretraining/global_batch.py`).
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from accelerate.state import AcceleratorState
 from conftest import REPO, first_documents_file, kill_tree, python_path, run_launcher, saved_tokenizer
 
 from scratchbert.errors import ScratchBertError
-from scratchbert.training import checkpoint as ckpt
-from scratchbert.training.config import PretrainConfig
-from scratchbert.training.pretrain import pretrain
+from scratchbert.training.pretraining import checkpoint as ckpt
+from scratchbert.training.pretraining.config import PretrainConfig
+from scratchbert.training.pretraining.loop import pretrain
 
 pytestmark = pytest.mark.usefixtures("fresh_accelerator_state")
 

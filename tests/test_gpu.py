@@ -18,13 +18,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 import transformers
-
-from scratchbert import ScratchBertForPreTraining
-from scratchbert.training.pretrain import pretrain
-
 from conftest import TINY_PRETRAIN, documentation_corpus, run_config_maker, run_log, saved_tokenizer
 from test_bf16 import INFERENCE_REL, MIN_COSINE
 from test_parity import assert_parity, load_pair, logits_tolerance, rxnfp_batch
+
+from scratchbert import ScratchBertForPreTraining
+from scratchbert.training.pretraining.loop import pretrain
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: these tests check the GPU path")
 

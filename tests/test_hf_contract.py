@@ -20,6 +20,7 @@ import re
 import pytest
 import torch
 import transformers
+from conftest import enable_activation_checkpointing
 from transformers import BertConfig, BertForMaskedLM, BertModel, BertTokenizer
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
@@ -27,8 +28,6 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterf
 import scratchbert.modeling_scratchbert as modeling
 from scratchbert import ScratchBertConfig, ScratchBertForMaskedLM, ScratchBertForPreTraining, ScratchBertModel, ScratchBertTokenizer
 from scratchbert.errors import ScratchBertError
-
-from conftest import enable_activation_checkpointing
 
 TINY = dict(
     vocab_size=99,

@@ -8,6 +8,7 @@ import os
 import pytest
 import torch
 from conftest import enable_activation_checkpointing, tiny_bert_config
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 import scratchbert
 from scratchbert import (
@@ -20,13 +21,12 @@ from scratchbert import (
     ScratchBertForSequenceClassification,
     ScratchBertForTokenClassification,
     ScratchBertModel,
+    cpu_kernels,
 )
+from scratchbert.cpu_kernels import CpuSelfAttention
 from scratchbert.errors import CorruptCheckpointError, ScratchBertError
 from scratchbert.export import export_to_transformers_bert
 from scratchbert.modeling_scratchbert import additive_attention_mask, eager_attention, eager_attention_forward, mean_pooling
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from scratchbert import cpu_kernels
-from scratchbert.cpu_kernels import CpuSelfAttention
 
 VOCAB, HIDDEN, LAYERS, HEADS, SEQ = 99, 32, 2, 4, 9
 

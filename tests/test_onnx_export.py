@@ -12,8 +12,7 @@ import torch
 from conftest import tiny_bert_config
 from test_parity import novel_sentences
 
-from scratchbert import ScratchBertForMaskedLM, ScratchBertForSequenceClassification, ScratchBertModel
-from scratchbert import onnx_export
+from scratchbert import ScratchBertForMaskedLM, ScratchBertForSequenceClassification, ScratchBertModel, onnx_export
 from scratchbert.errors import CorruptCheckpointError, ScratchBertError
 from scratchbert.onnx_export import INPUT_NAMES, TOLERANCE, export_onnx
 

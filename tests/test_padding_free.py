@@ -14,6 +14,7 @@ import random
 import pytest
 import torch
 import transformers
+from conftest import enable_activation_checkpointing
 
 import scratchbert.bert_padding as bert_padding
 import scratchbert.modeling_scratchbert as modeling
@@ -25,8 +26,6 @@ from scratchbert import (
     ScratchBertModel,
 )
 from scratchbert.bert_padding import labelled_tokens, pack_sequences, pad, plan_buckets, unpad
-
-from conftest import enable_activation_checkpointing
 
 ATOL = 1e-5
 TINY = dict(

@@ -1,16 +1,14 @@
-"""`scratchbert.training.precision`: the faster pretraining precision on this CPU, timed."""
+"""`scratchbert.training.pretraining.precision`: the faster pretraining precision on this CPU, timed."""
 
 import math
 
+import pytest
 import torch
 
-import pytest
-
 from scratchbert import ScratchBertConfig, ScratchBertForMaskedLM, cpu_gemm
-from scratchbert.training import precision
-from scratchbert.training.config import PretrainConfig
-from scratchbert.training.models import pretraining_model
-from scratchbert.training.precision import auto_precision, faster_precision, training_rates
+from scratchbert.training.pretraining import precision
+from scratchbert.training.pretraining.config import PretrainConfig
+from scratchbert.training.pretraining.precision import auto_precision, faster_precision, training_rates
 
 SMALL = dict(vocab_size=96, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64, max_position_embeddings=32)
 
@@ -39,7 +37,7 @@ def test_a_trial_trains_the_runs_own_model_mlm_or_nsp(options, model_class, monk
     built, fed = [], []
 
     def make_model():
-        model = pretraining_model(config, ScratchBertConfig(**SMALL))
+        model = config.new_model(ScratchBertConfig(**SMALL))
         model.register_forward_pre_hook(lambda module, args, batch: fed.append(dict(batch)), with_kwargs=True)
         built.append(type(model).__name__)
         return model

@@ -18,18 +18,29 @@ import torch
 import yaml
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState
-from conftest import TINY_PRETRAIN, python_path, run_launcher, documentation_corpus, forget_kernel_choices, tiny_bert_config, run_config_maker, run_log, kill_after_saving, saved_tokenizer, trial_model
+from conftest import (
+    TINY_PRETRAIN,
+    documentation_corpus,
+    forget_kernel_choices,
+    kill_after_saving,
+    python_path,
+    run_config_maker,
+    run_launcher,
+    run_log,
+    saved_tokenizer,
+    tiny_bert_config,
+    trial_model,
+)
 
 from scratchbert import ScratchBertConfig, ScratchBertForPreTraining, cpu_gemm
 from scratchbert.tokenization import load_tokenizer
-from scratchbert.training import checkpoint as ckpt
-from scratchbert.training import precision
-from scratchbert.training import pretrain as pretrain_module
-from scratchbert.training import schedules
-from scratchbert.training.config import PRESETS, PretrainConfig
 from scratchbert.training.config_file import add_config_arguments, config_from_args
-from scratchbert.training.folder_lock import LOCK_FILE, OutputDirLock
-from scratchbert.training.pretrain import NonFiniteLossError, pretrain
+from scratchbert.training.pretraining import checkpoint as ckpt
+from scratchbert.training.pretraining import loop as pretrain_module
+from scratchbert.training.pretraining import precision, schedules
+from scratchbert.training.pretraining.config import PRESETS, PretrainConfig
+from scratchbert.training.pretraining.loop import NonFiniteLossError, pretrain
+from scratchbert.training.run_folder import LOCK_FILE, OutputDirLock
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -298,8 +309,9 @@ def test_a_resumed_run_multiplies_on_the_kernels_the_stopped_run_chose(tiny_conf
 
 
 def test_finished_run_reloads_with_auto_classes_and_fill_mask(finished_run):
-    import scratchbert  # noqa: F401  (registers the Auto classes)
     from transformers import AutoModel, AutoModelForPreTraining, AutoTokenizer, pipeline
+
+    import scratchbert  # noqa: F401  (registers the Auto classes)
 
     tokenizer = AutoTokenizer.from_pretrained(finished_run)
     model = AutoModelForPreTraining.from_pretrained(finished_run)
@@ -350,7 +362,7 @@ def test_evaluation_scores_the_guess_that_reads_no_context():
     one random replacement of a 9. Reading no context, one guesses the kept token and the most frequent
     [MASK]ed target: 1 + 2 of 6. Without the [MASK] id the random replacement's 9 would count too: 1 + 3."""
     from scratchbert import ScratchBertForMaskedLM
-    from scratchbert.training.evaluation import evaluate
+    from scratchbert.training.pretraining.evaluation import evaluate
 
     mask = 4
     input_ids = torch.tensor([[2, mask, mask, 30, 9, 3], [mask, 31, 32, 20, 33, mask]])
@@ -373,7 +385,7 @@ def test_evaluation_scores_the_guess_that_reads_no_context():
     ],
 )
 def test_plateau_report(metrics, warned):
-    from scratchbert.training.evaluation import plateau_report
+    from scratchbert.training.pretraining.evaluation import plateau_report
 
     report = plateau_report(metrics)
     assert (report is not None) == warned
@@ -400,7 +412,7 @@ def test_held_out_passages_hide_one_whole_word_of_held_out_text(corpus_file, tok
     """What `scratchbert pretrain` shows at the end on a user's corpus: held-out text, one word hidden."""
     from transformers import AutoTokenizer
 
-    from scratchbert.training.evaluation import held_out_passages
+    from scratchbert.training.pretraining.evaluation import held_out_passages
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     documents = corpus_file.read_text(encoding="utf-8").split("\n\n")
@@ -489,7 +501,7 @@ def test_bf16_on_a_cpu_where_a_trial_finds_fp32_faster_says_so(rates, warned, ti
     trial = lambda make_model, batch, length, masking_rate, max_seconds: asked.append((trial_model(make_model), batch, length, masking_rate, max_seconds)) or rates  # noqa: E731
     monkeypatch.setattr(precision, "training_rates", trial)
     AcceleratorState._reset_state(reset_partial_state=True)
-    with caplog.at_level("WARNING", logger="scratchbert.training.precision"):
+    with caplog.at_level("WARNING", logger="scratchbert.training.pretraining.precision"):
         pretrain(tiny_config(tmp_path / "run", mixed_precision="bf16", max_steps=2, save_every=0))
     config = tiny_config(tmp_path / "run")
     assert config.nsp  # the paper recipe: the trial trains the NSP head too, at the recipe's 15% masking
@@ -539,8 +551,8 @@ def test_the_precision_trial_times_the_vocabulary_the_model_will_have(tiny_confi
     times the size `setup` will give the model (the tokenizer's, --vocab-size over it, or the size a
     trained one is asked for), and a bad --prepared-data folder is named before any trial runs."""
     from scratchbert.errors import ScratchBertError
-    from scratchbert.training.accelerator import trial_vocab_size
-    from scratchbert.training.config import DEFAULT_VOCAB_SIZE
+    from scratchbert.training.pretraining.config import DEFAULT_VOCAB_SIZE
+    from scratchbert.training.pretraining.precision import trial_vocab_size
 
     given = len(load_tokenizer(tokenizer_dir))
     assert given != DEFAULT_VOCAB_SIZE
@@ -572,7 +584,7 @@ class _MainProcess:
 # A second process that holds a folder as a running pretraining does, until it is killed.
 HOLD_FOLDER = """
 import sys, time
-from scratchbert.training.folder_lock import OutputDirLock
+from scratchbert.training.run_folder import OutputDirLock
 lock = OutputDirLock(sys.argv[1], "scratchbert pretrain")
 lock.claim(type("Main", (), {"is_main_process": True, "num_processes": 1})(), writing=True)
 print("held", flush=True)
@@ -661,7 +673,7 @@ class LossTurnsNaN(ScratchBertForPreTraining):
 
 def train_instead(monkeypatch, model_class) -> None:
     """The runs that follow train `model_class` (a subclass with a fault put in) where the recipe's model would be."""
-    monkeypatch.setattr(pretrain_module, "pretraining_model", lambda config, model_config: model_class(model_config))
+    monkeypatch.setattr(PretrainConfig, "new_model", lambda config, model_config: model_class(model_config))
 
 
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tiny_config, tmp_path, monkeypatch):
@@ -679,7 +691,7 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tiny_config, tmp_path
 def test_nan_in_an_early_micro_batch_is_caught_with_one_check_per_optimizer_step(tiny_config, tmp_path, monkeypatch):
     """The loss check reads the host once per optimizer step (not per micro-batch, a GPU sync each),
     and a NaN in the first micro-batch of a step still stops the run before that step's update."""
-    import scratchbert.training.pretrain as pretrain_module
+    import scratchbert.training.pretraining.loop as pretrain_module
 
     checks = []
     real_check = pretrain_module._stop_if_not_finite
@@ -760,7 +772,7 @@ def test_auto_precision_that_fails_on_the_main_process_stops_every_rank_instead_
     """The main process decides `auto` and broadcasts it; when deciding fails (here a damaged checkpoint
     of the run to resume), the main process raises the error and the other ranks get it too."""
     from scratchbert.errors import ScratchBertError
-    from scratchbert.training import accelerator as accelerator_module
+    from scratchbert.training.pretraining import precision as accelerator_module
 
     output_dir = tmp_path / "damaged"
     (output_dir / "checkpoints" / "step-2").mkdir(parents=True)
@@ -873,7 +885,8 @@ def test_long_phase_options_are_checked(tiny_config, tmp_path):
 
 def test_one_output_folder_check_for_every_command(tmp_path):
     """`check_output_folder`: a file refused; a folder holding anything refused without --overwrite (or --resume for a run)."""
-    from scratchbert.training.output_folder import check_output_folder, run_contents
+    from scratchbert.training.pretraining.checkpoint import run_contents
+    from scratchbert.training.run_folder import check_output_folder
 
     afile = tmp_path / "a.txt"
     afile.write_text("x")

@@ -21,14 +21,14 @@ from accelerate.state import AcceleratorState
 from conftest import TINY_GEOMETRY, kill_after_saving, saved_tokenizer
 
 from scratchbert.errors import ScratchBertError
-from scratchbert.training import checkpoint as ckpt
-from scratchbert.training import pretrain as pretrain_module
-from scratchbert.training.config import RECIPES, PretrainConfig
 from scratchbert.training.config_file import add_config_arguments, config_from_args
-from scratchbert.training.data import build_packed_dataset, pack_token_stream, tokenize_documents
-from scratchbert.training.evaluation import plateau_report
-from scratchbert.training.pretrain import LOG_FILE, pretrain
-from scratchbert.training.schedules import TimeBudgetSchedule, TrainingClock
+from scratchbert.training.pretraining import checkpoint as ckpt
+from scratchbert.training.pretraining import loop as pretrain_module
+from scratchbert.training.pretraining.config import RECIPES, PretrainConfig
+from scratchbert.training.pretraining.evaluation import plateau_report
+from scratchbert.training.pretraining.examples import build_packed_dataset, pack_token_stream, tokenize_documents
+from scratchbert.training.pretraining.loop import LOG_FILE, pretrain
+from scratchbert.training.pretraining.schedules import TimeBudgetSchedule, TrainingClock
 
 # Ten topics of three words each: a document keeps to one topic, so the words around a mask
 # tell which three words it can be, while the corpus-wide most frequent token is "." (1 in 11).
@@ -164,7 +164,7 @@ def test_masking_shares_reach_training_batches_and_evaluation_keeps_berts(topic_
     [MASK]; evaluation masks as BERT did whatever the recipe, so runs stay comparable."""
     from transformers import AutoTokenizer
 
-    from scratchbert.training.corpus import make_dataloaders
+    from scratchbert.training.pretraining.corpus import make_dataloaders
 
     tokenizer = AutoTokenizer.from_pretrained(topic_tokenizer)
     examples = build_packed_dataset(topic_documents(40), tokenizer, max_seq_length=32)

@@ -18,12 +18,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import python_path
 from safetensors.torch import load_file
 
 from scratchbert.ingestion import default_corpus_documents
-from scratchbert.training import checkpoint as ckpt
-
-from conftest import python_path
+from scratchbert.training.pretraining import checkpoint as ckpt
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_FLAGS = [

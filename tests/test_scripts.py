@@ -250,7 +250,7 @@ def test_budget_bench_pretrains_in_the_precision_a_timed_trial_finds_faster(monk
     # A rule on the CPU's flags chose wrongly twice: bf16 halves pretraining speed without bf16 units
     # (Zen 3: 7,411 against 14,840 tokens/s in fp32), and costs a fifth with them but AMX hidden
     # (Intel Xeon: 31,000 against 39,500). So `auto` times a few steps of (a)'s model and batch.
-    from scratchbert.training import precision
+    from scratchbert.training.pretraining import precision
 
     bench = budget_bench_module(monkeypatch)
     assert bench.parse_args([]).mixed_precision == "auto"  # decided in main(), once the tokenizer's size is known
@@ -282,13 +282,13 @@ def test_budget_bench_pretrains_in_the_precision_a_timed_trial_finds_faster(monk
 def test_budget_bench_pretrain_options_win_over_its_own_settings_seed_included(monkeypatch, tmp_path):
     """`--pretrain-option seed=1` pretrains again with another seed on the same labels and test
     documents (`--seed` also draws those); an option the bench sets itself must not clash with it."""
-    from scratchbert.training import plotting
-    from scratchbert.training import pretrain as pretrain_module
+    from scratchbert.training.pretraining import loop as pretrain_module
+    from scratchbert.training.pretraining import run_log
 
     bench = budget_bench_module(monkeypatch)
     pretrained = []
     monkeypatch.setattr(pretrain_module, "pretrain", pretrained.append)
-    monkeypatch.setattr(plotting, "read_log", lambda path: [{"type": "final", "step": 7, "tokens_seen": 8, "training_seconds": 9.0}])
+    monkeypatch.setattr(run_log, "read_log", lambda path: [{"type": "final", "step": 7, "tokens_seen": 8, "training_seconds": 9.0}])
     args = bench.parse_args(["--seed", "5", "--pretrain-option", "seed=1", "--pretrain-option", "mlm_probability=0.4", "--out", str(tmp_path)])
     assert bench.pretrain_scratchbert(args, tmp_path / "text.txt", tmp_path / "tokenizer", tmp_path / "a") == {"steps": 7, "tokens": 8, "seconds": 9.0}
     assert (pretrained[0].seed, pretrained[0].mlm_probability, pretrained[0].time_budget) == (1, 0.4, args.minutes)
@@ -321,7 +321,7 @@ def test_budget_bench_gives_every_row_a_seeds_labels_and_keeps_validation_and_te
 
 def test_budget_bench_fine_tunes_again_when_the_commands_defaults_changed(monkeypatch, tmp_path):
     """A run made before a `finetune` default changed is not reused under the same table name."""
-    from scratchbert.training import finetune
+    from scratchbert.training.finetuning import run
 
     bench = budget_bench_module(monkeypatch)
     calls = []
@@ -333,7 +333,7 @@ def test_budget_bench_fine_tunes_again_when_the_commands_defaults_changed(monkey
             "early_stopping": {"optimizer_steps_run": 300}, "pooling": "mean",
         }  # fmt: skip
 
-    monkeypatch.setattr(finetune, "finetune_text_classification", fake_finetune)
+    monkeypatch.setattr(run, "finetune_text_classification", fake_finetune)
     model = tmp_path / "a"
     model.mkdir()
     (model / "model.safetensors").write_bytes(b"")
@@ -343,7 +343,7 @@ def test_budget_bench_fine_tunes_again_when_the_commands_defaults_changed(monkey
     out = tmp_path / "finetune-a-0"
     first = bench.finetune_scores(args, model, data, 0, out)
     assert bench.finetune_scores(args, model, data, 0, out) == first and len(calls) == 1  # same settings, same defaults: reused
-    monkeypatch.setattr(finetune, "DEFAULT_WINDOWS", finetune.DEFAULT_WINDOWS + 1)
+    monkeypatch.setattr(run, "DEFAULT_WINDOWS", run.DEFAULT_WINDOWS + 1)
     bench.finetune_scores(args, model, data, 0, out)
     assert len(calls) == 2  # another default: fine-tuned again
 

@@ -14,11 +14,11 @@ from accelerate.state import AcceleratorState
 from conftest import first_documents_file, kill_after_saving, python_path, saved_tokenizer
 
 from scratchbert.ingestion import default_corpus_documents
-from scratchbert.training import checkpoint as ckpt
-from scratchbert.training import streaming
-from scratchbert.training.config import PretrainConfig
-from scratchbert.training.pretrain import pretrain
-from scratchbert.training.streaming import ExampleStream, StreamLoader, split_stream
+from scratchbert.training.pretraining import checkpoint as ckpt
+from scratchbert.training.pretraining import streaming
+from scratchbert.training.pretraining.config import PretrainConfig
+from scratchbert.training.pretraining.loop import pretrain
+from scratchbert.training.pretraining.streaming import ExampleStream, StreamLoader, split_stream
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 
 from scratchbert.errors import ScratchBertError
-from scratchbert.training.config import PretrainConfig
 from scratchbert.training.config_file import add_config_arguments, resolve_args
-from scratchbert.training.data import progress_bars
-from scratchbert.training.prepared import PREPARE_OPTIONS, prepare_data, read_manifest
+from scratchbert.training.pretraining.config import PretrainConfig
+from scratchbert.training.pretraining.corpus import progress_bars
+from scratchbert.training.pretraining.prepared import PREPARE_OPTIONS, prepare_data, read_manifest
 
 HELP = (
     "tokenize and pack a corpus once, into --output-dir (with pretrain's options that shape the examples); "

@@ -1,4 +1,4 @@
-"""`scratchbert pretrain`: BERT from scratch (see `scratchbert.training.pretrain` for the loop).
+"""`scratchbert pretrain`: BERT from scratch (see `scratchbert.training.pretraining.loop` for the loop).
 
 Several processes: `accelerate launch -m scratchbert.commands.pretrain ...` (or
 `accelerate launch scripts/pretrain.py ...`) runs this same command in each of them.
@@ -11,10 +11,10 @@ import sys
 
 from accelerate import PartialState
 
-from scratchbert.training.config import PretrainConfig
 from scratchbert.training.config_file import add_config_arguments, format_sources, resolve_args
-from scratchbert.training.prepared import read_manifest
-from scratchbert.training.pretrain import DEMO_SENTENCES, pretrain, print_fill_mask
+from scratchbert.training.pretraining.config import PretrainConfig
+from scratchbert.training.pretraining.loop import DEMO_SENTENCES, pretrain, print_fill_mask
+from scratchbert.training.pretraining.prepared import read_manifest
 
 from .report import report_errors
 

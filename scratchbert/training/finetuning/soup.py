@@ -11,10 +11,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from scratchbert.training.classifier_metrics import document_metrics, unprefixed
+from scratchbert.training.finetuning.metrics import document_metrics, unprefixed
 
 logger = logging.getLogger(__name__)
-
 
 @dataclass
 class Member:
@@ -26,7 +25,6 @@ class Member:
     best_checkpoint: str | None
     early_stopping: dict  # `early_stopping_record`
     log_history: list[dict]
-
 
 class WeightAverage:
     """The running element-wise mean of the weights of models added one by one (a uniform model soup,
@@ -52,7 +50,6 @@ class WeightAverage:
         mean = {name: (total / self.count).to(model.state_dict()[name].dtype) for name, total in self.total.items()}
         model.load_state_dict(mean, strict=False)  # strict=False: the non-float buffers stay as they are
 
-
 def soup_record(members: list[Member]) -> dict:
     """What the runs of a soup did together: training time and steps summed, the rest per run."""
     return {
@@ -66,12 +63,10 @@ def soup_record(members: list[Member]) -> dict:
         "soup": {"runs": len(members), "members": [{name: getattr(m, name) for name in ("seed", "validation", "best_checkpoint", "early_stopping")} for m in members]},
     }
 
-
 SOUP_FALLBACK_ADVICE = (
     "its runs did not end in one basin of the loss, as fine-tunes of an untrained or barely pretrained checkpoint "
     "do not. Pretrain longer, or pass --soup 1 to train once."
 )
-
 
 def keep_soup_or_best_run(trainer, members: list[Member], validation, best_metric: str) -> dict:
     """Keep the soup in `trainer.model` if it validates no worse than the worst of its runs, else the best run.
@@ -106,4 +101,3 @@ def keep_soup_or_best_run(trainer, members: list[Member], validation, best_metri
         best_metric, scores[best_metric], SOUP_FALLBACK_ADVICE, best, members[best].seed, best_metric, members[best].validation[best_metric],
     )  # fmt: skip
     return record | {"kept": f"run {best}"}
-

@@ -20,13 +20,13 @@ logger = logging.getLogger(__name__)
 # A classifier that gives this share (or more) of the examples one class, where the labels are
 # more spread than that, has learned the class balance instead of the task: it is reported.
 COLLAPSE_SHARE = 0.95
+
 COLLAPSE_ADVICE = (
     "the classifier learned the class balance, not the task. Try a higher --learning-rate (narrow models take "
     "1e-4 to 1e-3), more optimizer steps (--epochs, or --min-steps without --epochs), --pooling mean (the [CLS] "
     "pooler collapsed more often), no --early-stopping-patience, and check that the labels belong to the texts "
     "(--text-column, --label-column)."
 )
-
 
 def classification_metrics(predictions: np.ndarray, references: np.ndarray) -> dict[str, float]:
     """Accuracy and macro-F1 of integer predictions against references, both (N,).
@@ -45,7 +45,6 @@ def classification_metrics(predictions: np.ndarray, references: np.ndarray) -> d
         f1s.append(2 * true_pos / (2 * true_pos + false_pos + false_neg))
     return {"accuracy": float(np.mean(predictions == references)), "macro_f1": float(np.mean(f1s))}
 
-
 def sequence_classification_metrics(eval_prediction) -> dict[str, float]:
     """`compute_metrics` for Trainer: logits (N, K) and labels (N,) -> accuracy, macro-F1, and the
     share of the examples given the most predicted class (`top_class_share`: near 1 is a collapse)."""
@@ -53,13 +52,11 @@ def sequence_classification_metrics(eval_prediction) -> dict[str, float]:
     top_class_share = np.bincount(predictions).max() / predictions.size
     return {**classification_metrics(predictions, eval_prediction.label_ids), "top_class_share": float(top_class_share)}
 
-
 def mean_of_windows(logits: torch.Tensor, window_text: torch.Tensor, texts: int) -> torch.Tensor:
     """Windows' logits (N, K) and the text of each window (N,), numbered 0..B-1 -> each text's mean logits (B, K)."""
     sums = logits.new_zeros(texts, logits.shape[-1]).index_add(0, window_text, logits)
     counts = torch.bincount(window_text, minlength=texts).to(logits.dtype)
     return sums / counts[:, None]
-
 
 def document_predictions(logits, labels: np.ndarray, documents: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
     """Windows' logits (N, K), labels (N,) and the text each window is from (N,) -> each text's mean
@@ -71,7 +68,6 @@ def document_predictions(logits, labels: np.ndarray, documents: Sequence[int]) -
     document_labels[documents] = labels
     return mean_of_windows(torch.from_numpy(logits), torch.from_numpy(documents), count).numpy(), document_labels
 
-
 def document_metrics(documents: Sequence[int]):
     """`compute_metrics` that scores texts, not windows: `sequence_classification_metrics` on the mean logits
     of each text's windows (`document_predictions`); `documents` (N,) names the text of each row of the split."""
@@ -82,12 +78,10 @@ def document_metrics(documents: Sequence[int]):
 
     return compute
 
-
 def predicted_classes(logits) -> np.ndarray:
     """Logits (N, K), or a tuple whose first item they are -> predicted class ids (N,)."""
     logits = logits[0] if isinstance(logits, tuple) else logits
     return np.asarray(logits).argmax(-1)
-
 
 def collapse_of(predictions: np.ndarray, references: np.ndarray, label_names: Sequence[str], share: float = COLLAPSE_SHARE) -> dict | None:
     """The class that (nearly) every prediction names, when the references are spread: else None.
@@ -104,7 +98,6 @@ def collapse_of(predictions: np.ndarray, references: np.ndarray, label_names: Se
         return None
     return {"class": label_names[top], "predicted_share": round(float(predicted_share), 4), "label_share": round(float(np.mean(references == top)), 4)}
 
-
 def token_classification_metrics(eval_prediction) -> dict[str, float]:
     """`compute_metrics` for token tagging: logits (N, T, K), labels (N, T) with IGNORE_INDEX (-100) on
     special tokens and padding -> accuracy and macro-F1 over the labelled tokens only."""
@@ -113,7 +106,6 @@ def token_classification_metrics(eval_prediction) -> dict[str, float]:
     labels = eval_prediction.label_ids
     keep = labels != IGNORE_INDEX
     return classification_metrics(logits.argmax(-1)[keep], labels[keep])
-
 
 def span_metrics(eval_prediction) -> dict[str, float]:
     """`compute_metrics` for extractive QA: start/end logits (N, T) each, gold start/end
@@ -127,7 +119,6 @@ def span_metrics(eval_prediction) -> dict[str, float]:
         "start_accuracy": float(np.mean(start_right)),
         "end_accuracy": float(np.mean(end_right)),
     }
-
 
 def report_collapse(log_history: list[dict], outputs: dict, label_names: Sequence[str]) -> dict | None:
     """Whether the kept model gives (nearly) every example one class (`collapse_of`), split by split.
@@ -157,8 +148,6 @@ def report_collapse(log_history: list[dict], outputs: dict, label_names: Sequenc
             )  # fmt: skip
     return collapsed
 
-
 def unprefixed(metrics: dict, prefix: str) -> dict:
     """Trainer's metrics without their split prefix ("eval_accuracy" -> "accuracy")."""
     return {key.removeprefix(prefix): value for key, value in metrics.items()}
-

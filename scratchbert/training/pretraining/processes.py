@@ -1,34 +1,11 @@
-"""Errors that name the fix for what goes wrong between the processes of a run on several processes or machines.
-
-Three faults, each found where it first shows and reported as one line (`scratchbert.errors`):
-
-- **A process that dies or hangs.** Every collective has a deadline, the process group's timeout
-  (`collective_timeout`, the option `ddp_timeout`; 1800 s by default, as torch's gloo default and
-  transformers' `TrainingArguments.ddp_timeout`). A killed process closes its sockets, so the others'
-  next collective fails at once; a process that hangs, or a machine that drops off the network,
-  closes nothing and is noticed at the deadline. `naming_lost_processes` turns the error gloo or
-  NCCL then raises into a `LostProcessError` that names the process that is gone (with more than
-  two, the one whose `Heartbeat` in the launch's key-value store stopped), the last complete
-  checkpoint and `--resume`. Nothing is half-written: a checkpoint becomes visible only by the
-  rename after its last barrier (`checkpoint.py`), which a lost process never lets the others pass.
-- **An output folder the machines do not share.** Every process writes its random state into each
-  checkpoint and reads it back on `--resume`, and the main process alone writes the rest, so all
-  machines must see one folder (at any path). `check_shared_output_dir` has the main process write a
-  file with a fresh random name and content there (before the folder exists: in its nearest parent
-  that does); a process that cannot read it back is on a machine that does not share the folder.
-  Folders that are legitimately per machine (local disks) are refused: checkpoints would be split
-  between the machines, each with some of the processes' random states (a run without the check
-  "finishes", its checkpoints on machine 0 lacking process 1's state), and a resumed run would mix them.
-- **Different software on different machines.** `check_same_versions` gathers each process's
-  versions of scratchbert (with a digest of its source, since two checkouts can share a version
-  number), torch, transformers and accelerate, and names which process runs which.
-"""
+"""The `Accelerator` of a pretraining run: devices, mixed precision, trackers and replayable data order."""
 
 from __future__ import annotations
 
 import atexit
 import contextlib
 import hashlib
+import os
 import secrets
 import socket
 import threading
@@ -39,11 +16,14 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from accelerate import Accelerator, PartialState
+from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration, is_tensorboard_available
 
 import scratchbert
 from scratchbert.errors import ScratchBertError
-from scratchbert.training import checkpoint as ckpt
-from scratchbert.training.config import PretrainConfig
+from scratchbert.training.pretraining import checkpoint as ckpt
+from scratchbert.training.pretraining.config import PretrainConfig
+from scratchbert.training.pretraining.precision import has_accelerator_device
 
 DEFAULT_DDP_TIMEOUT = PretrainConfig.ddp_timeout  # seconds a collective waits for the other processes: the option's default
 TIMEOUT_FLAG = "ddp_timeout in a --config file"
@@ -58,9 +38,69 @@ _TIMED_OUT = ("timed out", "timeout")
 PACKAGES = ("torch", "transformers", "accelerate")
 
 
+
+def start_processes(ddp_timeout: float = DEFAULT_DDP_TIMEOUT) -> PartialState:
+    """The launch's process group (gloo on a machine without GPUs), each collective waiting at most `ddp_timeout` seconds.
+
+    Call it before anything else asks for a `PartialState`: Accelerate keeps one state per process, so
+    the first call starts the processes and fixes the deadline, and every later state (the one
+    `settle_mixed_precision` asks for, the Accelerator's) shares it. With more than two processes each
+    also beats a heartbeat, by which the survivors of a lost process tell which one it was.
+    """
+    state = PartialState(cpu=not has_accelerator_device(), timeout=collective_timeout(ddp_timeout))
+    start_heartbeat()
+    return state
+
+
+def build_accelerator(config: PretrainConfig) -> Accelerator:
+    """An Accelerator for this run; on a machine without GPUs, several processes use gloo on CPU.
+
+    FSDP and DeepSpeed need accelerator devices: on a CPU-only machine a launch that asks for
+    them is refused with the DDP command to use instead, never silently turned into DDP.
+    Processes that run different software are refused here, on every process (`distributed_checks`);
+    the processes' deadline for a collective is `start_processes`'s.
+    """
+    has_device = has_accelerator_device()
+    if config.mixed_precision == "fp16" and not has_device:
+        raise ScratchBertError("mixed_precision='fp16' needs a GPU; on CPU use --mixed-precision bf16 (or no).")
+    for variable, name in (("ACCELERATE_USE_FSDP", "FSDP"), ("ACCELERATE_USE_DEEPSPEED", "DeepSpeed")):
+        if os.environ.get(variable, "false").lower() in ("1", "true", "yes") and not has_device:
+            raise ScratchBertError(
+                f"{name} shards the model across GPUs, and this machine has none. On CPU, run data-parallel (DDP over "
+                "gloo) instead: `accelerate launch --multi_gpu --num_processes 2 -m scratchbert.commands.pretrain ...` (no GPU needed)."
+            )
+    trackers = _trackers(config.report_to)
+    check_same_versions(PartialState(cpu=not has_device))
+    return Accelerator(
+        # Without an accelerator device, `cpu=True` makes a multi-process launch (even
+        # `--multi_gpu`) use gloo DDP on CPU instead of quietly running N copies alone.
+        cpu=not has_device,
+        mixed_precision=config.mixed_precision,
+        gradient_accumulation_steps=config.gradient_accumulation_steps,
+        log_with=trackers or None,
+        project_config=ProjectConfiguration(project_dir=config.output_dir, logging_dir=str(Path(config.output_dir) / "logs")),
+        # The training order is corpus.EpochPermutation's (seed + epoch), which Accelerate leaves
+        # alone; the seedable sampler would stand in for any plain shuffling DataLoader.
+        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=config.seed),
+        # We step the scheduler once per optimizer step ourselves; by default Accelerate
+        # steps it once per process, for schedules written in single-process steps.
+        step_scheduler_with_optimizer=False,
+    )
+
+def _trackers(report_to: str) -> list[str]:
+    if report_to == "none":
+        return []
+    if report_to == "auto":
+        return ["tensorboard"] if is_tensorboard_available() else []
+    return [name.strip() for name in report_to.split(",") if name.strip()]
+
+# ---------------------------------------------------------------------------------------------
+# Errors that name the fix for what goes wrong between the processes of a run on several processes or machines.
+# ---------------------------------------------------------------------------------------------
+
+
 class LostProcessError(ScratchBertError):
     """Another process of the launch died or stopped answering: this one stopped too, and nothing more was saved."""
-
 
 def collective_timeout(ddp_timeout: float = DEFAULT_DDP_TIMEOUT) -> timedelta:
     """The deadline of every collective, for `init_process_group(timeout=...)` (`accelerator.start_processes`).
@@ -71,7 +111,6 @@ def collective_timeout(ddp_timeout: float = DEFAULT_DDP_TIMEOUT) -> timedelta:
     if isinstance(ddp_timeout, bool) or not isinstance(ddp_timeout, (int, float)) or not 0 < ddp_timeout < float("inf"):
         raise ScratchBertError(f"ddp_timeout={ddp_timeout!r}: it must be a positive number of seconds (e.g. ddp_timeout: 1800 in a --config file).")
     return timedelta(seconds=ddp_timeout)
-
 
 # ---------------------------------------------------------------------------------------------
 # A process that dies or hangs
@@ -90,7 +129,6 @@ def naming_lost_processes(output_dir: str | Path, ddp_timeout: float = DEFAULT_D
             raise
         raise lost_process_error(error, output_dir, ddp_timeout) from error
 
-
 def is_lost_process(error: BaseException) -> bool:
     """Whether `error` is a collective failing because another process closed its connection or passed the deadline."""
     if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
@@ -98,7 +136,6 @@ def is_lost_process(error: BaseException) -> bool:
     text = str(error).lower()
     from_backend = isinstance(error, dist.DistError) or "gloo" in text or "nccl" in text
     return from_backend and any(marker in text for marker in _CLOSED + _TIMED_OUT)
-
 
 def lost_process_error(error: BaseException, output_dir: str | Path, ddp_timeout: float) -> LostProcessError:
     """The one line for `error`: which process is gone, why this one stopped, what is saved and how to continue.
@@ -125,7 +162,6 @@ def lost_process_error(error: BaseException, output_dir: str | Path, ddp_timeout
         every_process=bool(survivors) and rank != min(survivors),
     )
 
-
 def _resume_advice(output_dir: str | Path) -> str:
     checkpoints = ckpt.list_checkpoints(output_dir)
     if not checkpoints:
@@ -134,7 +170,6 @@ def _resume_advice(output_dir: str | Path) -> str:
         f"nothing was saved after the last complete checkpoint, {checkpoints[-1][1]}: once every machine is up, run "
         "the same launch again on each with --resume to continue from it."
     )
-
 
 class Heartbeat:
     """This process's counter in the launch's key-value store, advanced every `HEARTBEAT_SECONDS` by a daemon thread.
@@ -164,9 +199,7 @@ class Heartbeat:
         self._stopped.set()
         self._thread.join(timeout=2 * self.interval)
 
-
 _heartbeat: Heartbeat | None = None  # one per process, as the process group
-
 
 def start_heartbeat() -> Heartbeat | None:
     """This process's `Heartbeat`, started once, when the launch has more than two processes (with two, the one gone is the other)."""
@@ -178,7 +211,6 @@ def start_heartbeat() -> Heartbeat | None:
         except Exception:  # no store to beat in: a lost process is then named less precisely
             return None
     return _heartbeat
-
 
 def silent_processes(store, world: int, wait_seconds: float = HEARTBEAT_SECONDS * SILENCE_BEATS) -> list[int] | None:
     """The processes whose heartbeat did not advance in `wait_seconds`; None when the store cannot be read."""
@@ -193,7 +225,6 @@ def silent_processes(store, world: int, wait_seconds: float = HEARTBEAT_SECONDS 
         return None
     return [rank for rank in range(world) if after[rank] == before[rank]]
 
-
 def _default_store():
     """The default process group's key-value store (torch keeps it private; None where it cannot be had)."""
     try:
@@ -201,10 +232,8 @@ def _default_store():
     except Exception:
         return None
 
-
 def _processes(ranks: list[int]) -> str:
     return f"process {ranks[0]}" if len(ranks) == 1 else "processes " + ", ".join(map(str, ranks))
-
 
 # ---------------------------------------------------------------------------------------------
 # An output folder the machines do not share
@@ -237,7 +266,6 @@ def check_shared_output_dir(state, output_dir: str | Path, wait_seconds: float =
     if blind:
         raise ScratchBertError(_unshared_message(folder, reports[0], blind), every_process=True)
 
-
 def _write_token(folder: Path) -> tuple[int, str] | None:
     """Write the check's file in `folder` or its nearest existing parent: (levels up, its name); None if it cannot."""
     place, levels = folder, 0
@@ -249,7 +277,6 @@ def _write_token(folder: Path) -> tuple[int, str] | None:
     except OSError:
         return None
     return levels, token
-
 
 def _sees(path: Path, content: str, wait_seconds: float) -> bool:
     """Whether `path` holds `content`, looking again for `wait_seconds` (a network file system's cache may lag)."""
@@ -263,7 +290,6 @@ def _sees(path: Path, content: str, wait_seconds: float) -> bool:
         if time.monotonic() > deadline:
             return False
         time.sleep(0.2)
-
 
 def _unshared_message(folder: Path, main: tuple, blind: list[tuple]) -> str:
     """The refusal: which process sees what, and the fix."""
@@ -280,7 +306,6 @@ def _unshared_message(folder: Path, main: tuple, blind: list[tuple]) -> str:
         "Lustre, ...; the path may differ between machines), and remove a machine's own copy."
     )
 
-
 # ---------------------------------------------------------------------------------------------
 # Different software on different machines
 # ---------------------------------------------------------------------------------------------
@@ -294,7 +319,6 @@ def installed_versions() -> dict[str, str]:
             versions[package] = "not installed"
     return versions
 
-
 def source_digest() -> str:
     """12 hex digits of a hash of the package's Python files: two checkouts with one version number differ here."""
     root = Path(scratchbert.__file__).parent
@@ -302,7 +326,6 @@ def source_digest() -> str:
     for path in sorted(root.rglob("*.py")):
         digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()[:12]
-
 
 def check_same_versions(state, versions: dict[str, str] | None = None) -> None:
     """Refuse, on every process, a launch whose processes run different versions; call on every process.
@@ -322,7 +345,6 @@ def check_same_versions(state, versions: dict[str, str] | None = None) -> None:
             every_process=True,
         )
 
-
 def version_differences(reports: list[tuple[str, dict[str, str]]]) -> str:
     """'' when every process has the same versions; else, per package that differs, which process has which.
 
@@ -337,22 +359,8 @@ def version_differences(reports: list[tuple[str, dict[str, str]]]) -> str:
             parts.append(f"{package} " + ", ".join(f"{version} on {_on(ranks, reports)}" for version, ranks in holders.items()))
     return "; ".join(parts)
 
-
 def _on(ranks: list[int], reports: list[tuple[str, dict]]) -> str:
     """'processes 0, 2 (host-a)': one line whatever the number of processes (a few names, then a count)."""
     hosts = sorted({reports[rank][0] for rank in ranks})
     shown = ", ".join(map(str, ranks[:8])) + (f" and {len(ranks) - 8} more" if len(ranks) > 8 else "")
     return f"{'process' if len(ranks) == 1 else 'processes'} {shown} ({', '.join(hosts[:4])}{', ...' if len(hosts) > 4 else ''})"
-
-
-__all__ = [
-    "DEFAULT_DDP_TIMEOUT",
-    "LostProcessError",
-    "check_same_versions",
-    "check_shared_output_dir",
-    "collective_timeout",
-    "installed_versions",
-    "naming_lost_processes",
-    "start_heartbeat",
-    "version_differences",
-]

@@ -74,7 +74,6 @@ def shard(model: PreTrainedModel, accelerator: Accelerator) -> PreTrainedModel:
     fully_shard(model, **settings)  # the root: torch's default keeps it whole from forward to backward
     return model
 
-
 def take_over_wrapping(plugin, model: PreTrainedModel) -> None:
     """Accept the launch's `--fsdp_auto_wrap_policy` where it asks for what `shard` does, and clear it.
 
@@ -88,17 +87,15 @@ def take_over_wrapping(plugin, model: PreTrainedModel) -> None:
     names = set(plugin.transformer_cls_names_to_wrap or model._no_split_modules)
     if policy is not transformer_auto_wrap_policy or not names <= set(model._no_split_modules):
         raise ScratchBertError(
-            "scratchbert makes its own FSDP units, one per ScratchBertLayer (scratchbert/training/sharding.py): drop "
+            "scratchbert makes its own FSDP units, one per ScratchBertLayer (scratchbert/training/pretraining/sharding.py): drop "
             "--fsdp_auto_wrap_policy, or use TRANSFORMER_BASED_WRAP with no --fsdp_transformer_layer_cls_to_wrap "
             f"classes but {','.join(sorted(model._no_split_modules))}."
         )
     plugin.auto_wrap_policy = None
 
-
 def original_class(model: torch.nn.Module) -> type:
     """The class `model` was built as: under `fully_shard`, the one its FSDP subclass was made from."""
     return next(cls for cls in type(model).__mro__ if not issubclass(cls, FSDPModule))
-
 
 def unsharded_copy(model: PreTrainedModel, full_state_dict: dict[str, torch.Tensor]) -> PreTrainedModel:
     """A model of `model`'s own class and config (the same object) holding `full_state_dict`.

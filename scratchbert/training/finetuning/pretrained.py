@@ -21,13 +21,14 @@ from scratchbert.weights import check_weights, model_folder, quiet_loading, read
 logger = logging.getLogger(__name__)
 
 HEAD_KEY = "classifier.weight"  # (K, H) weight of BERT's classification head, in every BERT checkpoint
+
 # What a new classification head reads when --pooling is not given, by hidden size H, as (largest
 # H, pooling): the mean of the real tokens measured above BERT's pooler on [CLS] for `tiny`
 # (the [CLS] head collapsed where the mean did not); wider encoders keep BERT's [CLS]. A
 # checkpoint's trained head keeps the pooling it was trained with (docs/finetuning.md).
 POOLING_BY_WIDTH = ((128, "mean"), (math.inf, "cls"))
-POOLING_WORDS = {"cls": "BERT's pooled [CLS] vector", "mean": "the mean of the real tokens"}
 
+POOLING_WORDS = {"cls": "BERT's pooled [CLS] vector", "mean": "the mean of the real tokens"}
 
 @dataclass(frozen=True)
 class CheckpointInfo:
@@ -95,11 +96,9 @@ class CheckpointInfo:
             )
         return pooling, "given"
 
-
 def default_pooling(hidden_size: int) -> str:
     """What a new classification head reads for an encoder of width `hidden_size` (`POOLING_BY_WIDTH`)."""
     return next(pooling for width, pooling in POOLING_BY_WIDTH if hidden_size <= width)
-
 
 # The parts of a checkpoint a classifier leaves unused or starts afresh, by the names' prefix.
 PARTS = {
@@ -108,14 +107,13 @@ PARTS = {
     "bert.pooler": "the pooler",
     "classifier": "the classification head",
 }
-NEW_PARTS = ("the pooler", "the classification head")  # what a pretrained encoder may lack, and a classifier starts afresh
 
+NEW_PARTS = ("the pooler", "the classification head")  # what a pretrained encoder may lack, and a classifier starts afresh
 
 def part_of(key: str) -> str:
     """The part of BERT a state-dict key belongs to, in words ("cls.predictions.bias" -> "the MLM
     head"), or else its module ("discriminator.dense.weight" -> "discriminator.dense")."""
     return next((part for prefix, part in PARTS.items() if key == prefix or key.startswith(prefix + ".")), key.rsplit(".", 1)[0])
-
 
 def report_loaded_weights(checkpoint, loading: dict) -> None:
     """Log what `from_pretrained(output_loading_info=True)` found: the checkpoint's parts the
@@ -136,7 +134,6 @@ def report_loaded_weights(checkpoint, loading: dict) -> None:
             "architecture or size, or one cut short. Fine-tuning goes on; check the checkpoint.",
             len(stray), checkpoint, ", ".join(stray[:5]) + (", ..." if len(stray) > 5 else ""),
         )  # fmt: skip
-
 
 def load_sequence_classifier(
     checkpoint: CheckpointInfo, label_names: Sequence[str], reinit_head: bool = False, model_class=None, pooling: str | None = None

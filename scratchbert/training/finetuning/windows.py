@@ -15,12 +15,13 @@ import pyarrow.compute as pc
 import torch
 
 from scratchbert.errors import ScratchBertError
-from scratchbert.training.classifier_metrics import document_predictions
+from scratchbert.training.finetuning.metrics import document_predictions
 
 DEFAULT_MAX_LENGTH = 256  # tokens per example unless asked otherwise (or the model has fewer positions); measured: docs/finetuning.md
-DEFAULT_WINDOWS = 1  # windows per text unless --windows; more were measured better on long texts at their cost (docs/finetuning.md)
-TRUNCATIONS = ("head", "head+tail")
 
+DEFAULT_WINDOWS = 1  # windows per text unless --windows; more were measured better on long texts at their cost (docs/finetuning.md)
+
+TRUNCATIONS = ("head", "head+tail")
 
 def head_and_tail(token_ids: Sequence[int], budget: int, head_fraction: float = 0.25) -> list[int]:
     """The first and the last tokens of a text that has more than `budget` of them.
@@ -35,7 +36,6 @@ def head_and_tail(token_ids: Sequence[int], budget: int, head_fraction: float = 
     head = int(budget * head_fraction)
     return list(token_ids[:head]) + list(token_ids[len(token_ids) - (budget - head) :])
 
-
 def windows_of(token_ids: Sequence[int], window: int, windows: int = 1, truncation: str = "head+tail") -> list[list[int]]:
     """A text's tokens as up to `windows` pieces of at most `window` tokens, of (nearly) equal length.
 
@@ -49,12 +49,10 @@ def windows_of(token_ids: Sequence[int], window: int, windows: int = 1, truncati
     bounds = [-(-i * len(kept) // count) for i in range(count + 1)]  # ceil: the first pieces take the remainder
     return [kept[start:end] for start, end in zip(bounds, bounds[1:])]
 
-
 def check_max_length(max_length: int, positions: int) -> None:
     """Fail, naming the limits, when `max_length` tokens do not fit the model's `positions` or leave no room for text."""
     if not 2 <= max_length <= positions:
         raise ScratchBertError(f"max_length must be between 2 (room for [CLS] and [SEP]) and the model's {positions} positions, got {max_length}.")
-
 
 def window_examples(texts: Sequence[str], tokenizer, max_length: int, truncation: str, windows: int) -> tuple[list[list[int]], list[int]]:
     """The `[CLS] window [SEP]` token ids of each text's windows (`windows_of`, `max_length` tokens
@@ -66,7 +64,6 @@ def window_examples(texts: Sequence[str], tokenizer, max_length: int, truncation
             input_ids.append([tokenizer.cls_token_id, *piece, tokenizer.sep_token_id])
             positions.append(position)
     return input_ids, positions
-
 
 def tokenize_splits(
     splits, tokenizer, text_column: str, text_pair_column: str | None, max_length: int, truncation: str = "head", windows: int = 1
@@ -103,9 +100,7 @@ def tokenize_splits(
         tokenized[name] = split.map(tokenize, batched=True, with_indices=True, remove_columns=split.column_names, desc=f"tokenizing {name}")
     return type(splits)(tokenized)
 
-
 LONG_TEXT_SHARE = 0.25  # from this share of cut training texts on, the run says that windows read more
-
 
 def long_text_advice(train, max_length: int, windows: int, text_pair_column: str | None) -> str | None:
     """A line for a one-window run whose training texts are often cut at `max_length`, else None.
@@ -125,16 +120,13 @@ def long_text_advice(train, max_length: int, windows: int, text_pair_column: str
         "four times as much of each (+5.2 points on IMDB, +1.4 on BBC News: docs/finetuning.md)"
     )
 
-
 # What the saved classifier's config records of how the run read a text, read back by `classify_texts`.
 INPUT_KEYS = {"max_length": "classifier_max_length", "truncation": "classifier_truncation", "windows": "classifier_windows"}
-
 
 def record_inputs(model_config, inputs: dict) -> None:
     """Write the run's `max_length`, `truncation` and `windows` into the model's config (saved in config.json)."""
     for name, key in INPUT_KEYS.items():
         setattr(model_config, key, inputs[name])
-
 
 def saved_inputs(model_config) -> dict:
     """How the model's run read a text (`record_inputs`): for a model saved without them, one window of
@@ -142,7 +134,6 @@ def saved_inputs(model_config) -> dict:
     positions = model_config.max_position_embeddings
     defaults = {"max_length": min(DEFAULT_MAX_LENGTH, positions), "truncation": "head", "windows": 1}
     return {name: getattr(model_config, key, None) or defaults[name] for name, key in INPUT_KEYS.items()}
-
 
 @torch.no_grad()
 def classify_texts(

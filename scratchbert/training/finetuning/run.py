@@ -38,45 +38,59 @@ from transformers import EarlyStoppingCallback
 from scratchbert.configuration_scratchbert import CLASSIFIER_POOLINGS
 from scratchbert.errors import ScratchBertError
 from scratchbert.tokenization import load_tokenizer
-from scratchbert.weights import check_vocabulary
-from scratchbert.training.checkpoint_info import CheckpointInfo, load_sequence_classifier
-from scratchbert.training.classifier_metrics import (  # noqa: F401  (span and token metrics: for `make_trainer` users)
-    document_metrics, document_predictions, report_collapse, span_metrics, token_classification_metrics, unprefixed,
-)  # fmt: skip
 from scratchbert.training.config_file import ConfigFile
-from scratchbert.training.finetune_data import carve_splits, check_columns, encode_labels, label_names_of, label_warnings, read_splits
-from scratchbert.training.folder_lock import OutputDirLock
-from scratchbert.training.output_folder import check_output_folder
-from scratchbert.training.soup import Member, WeightAverage, keep_soup_or_best_run, soup_record
-from scratchbert.training.text_windows import (
-    DEFAULT_MAX_LENGTH, DEFAULT_WINDOWS, TRUNCATIONS, check_max_length, long_text_advice, record_inputs, tokenize_splits,
-)  # fmt: skip
+from scratchbert.training.finetuning.data import carve_splits, check_columns, encode_labels, label_names_of, label_warnings, read_splits
+from scratchbert.training.finetuning.metrics import (
+    document_metrics,
+    document_predictions,
+    report_collapse,
+    unprefixed,
+)
+from scratchbert.training.finetuning.pretrained import CheckpointInfo, load_sequence_classifier
+from scratchbert.training.finetuning.soup import Member, WeightAverage, keep_soup_or_best_run, soup_record
+from scratchbert.training.finetuning.windows import (
+    DEFAULT_MAX_LENGTH,
+    DEFAULT_WINDOWS,
+    TRUNCATIONS,
+    check_max_length,
+    long_text_advice,
+    record_inputs,
+    tokenize_splits,
+)
+from scratchbert.training.run_folder import OutputDirLock, check_output_folder
+from scratchbert.weights import check_vocabulary
 
 logger = logging.getLogger(__name__)
 
 METRICS = ("accuracy", "macro_f1")  # what each evaluation reports; either can pick the best epoch
+
 # The `FinetuneConfig` fields that choose the data (`read_splits`) and cut it (`carve_splits`).
 READ_OPTIONS = (
     "train_files", "validation_files", "test_files", "dataset_name", "dataset_config", "train_split", "validation_split", "test_split",
 )  # fmt: skip
+
 CARVE_OPTIONS = ("label_column", "validation_fraction", "max_train_samples", "max_eval_samples", "seed")
+
 DOCS = "docs/finetuning.md"  # what was measured, and why the defaults are what they are
 
 # A narrow encoder needs larger steps than BERT-base's 5e-5 (Google fine-tuned its BERT miniatures at
 # up to 3e-4, Turc et al. 2019; `tiny` measured best at 1e-3): the peak learning rate by hidden size
 # H, as (largest H, rate), where no --learning-rate is given (DOCS).
 LEARNING_RATES_BY_WIDTH = ((128, 1e-3), (256, 3e-4), (512, 1e-4), (math.inf, 5e-5))
+
 DEFAULT_EPOCHS = 3  # BERT's; with few labels, epochs are added until there are `min_steps` optimizer steps
+
 DEFAULT_MIN_STEPS = 300  # fewer left `tiny` answering the majority class on 450 labels (DOCS)
+
 DEFAULT_SOUP = 1  # fine-tuning runs averaged into the kept model; more cost a run each (DOCS)
+
 # Evaluations without a better `best_metric` before training stops; None: every epoch runs.
 DEFAULT_EARLY_STOPPING_PATIENCE = None
-CHECKPOINTS_DIR = "checkpoints"  # the epoch checkpoints under --output-dir, removed at the end unless --keep-checkpoints
 
+CHECKPOINTS_DIR = "checkpoints"  # the epoch checkpoints under --output-dir, removed at the end unless --keep-checkpoints
 
 def _whole(value, least: int) -> bool:
     return not isinstance(value, bool) and isinstance(value, int) and value >= least
-
 
 @dataclass
 class FinetuneConfig(ConfigFile):
@@ -180,16 +194,13 @@ class FinetuneConfig(ConfigFile):
         if not 0.0 <= self.warmup_ratio < 1.0 or self.weight_decay < 0:
             raise ScratchBertError("warmup_ratio must be in [0, 1) and weight_decay 0 or more.")
 
-
 def default_learning_rate(hidden_size: int) -> float:
     """The peak learning rate for an encoder of width `hidden_size` (`LEARNING_RATES_BY_WIDTH`)."""
     return next(rate for width, rate in LEARNING_RATES_BY_WIDTH if hidden_size <= width)
 
-
 def optimizer_steps_per_epoch(train_rows: int, batch_size: int, gradient_accumulation_steps: int = 1) -> int:
     """Optimizer steps in one pass over `train_rows` examples, counted as `Trainer` does (one process)."""
     return max(math.ceil(math.ceil(train_rows / batch_size) / gradient_accumulation_steps), 1)
-
 
 def fitted_schedule(config: FinetuneConfig, hidden_size: int, train_rows: int) -> dict[str, Any]:
     """The learning rate and the number of epochs of the run, and where each came from.
@@ -216,7 +227,6 @@ def fitted_schedule(config: FinetuneConfig, hidden_size: int, train_rows: int) -
         "soup": config.soup, "chosen_by": chosen_by,
     }  # fmt: skip
 
-
 def fitted_inputs(config: FinetuneConfig, positions: int) -> dict[str, Any]:
     """How many tokens of each example the classifier reads, and which: `config`'s `max_length`
     (default `DEFAULT_MAX_LENGTH`, or the model's `positions` if fewer), `truncation` and `windows`.
@@ -227,7 +237,6 @@ def fitted_inputs(config: FinetuneConfig, positions: int) -> dict[str, Any]:
     max_length = config.max_length if config.max_length is not None else min(DEFAULT_MAX_LENGTH, positions)
     check_max_length(max_length, positions)
     return {"max_length": max_length, "truncation": config.truncation, "windows": config.windows, "positions": positions}
-
 
 def make_trainer(
     model, tokenizer, args, train_dataset=None, eval_dataset=None, data_collator=None, compute_metrics=None, callbacks=None
@@ -253,7 +262,6 @@ def make_trainer(
         data_collator=data_collator if data_collator is not None else DataCollatorWithPadding(tokenizer),
         compute_metrics=compute_metrics, callbacks=callbacks,
     )  # fmt: skip
-
 
 def training_arguments(config: FinetuneConfig, schedule: dict, checkpoints: Path, seed: int):
     """Trainer's arguments for one run: evaluation and a checkpoint each epoch, the best epoch by
@@ -283,7 +291,6 @@ def training_arguments(config: FinetuneConfig, schedule: dict, checkpoints: Path
         disable_tqdm=not config.show_progress,
     )
 
-
 def early_stopping_record(trainer, stopper, schedule: dict) -> dict:
     """What early stopping (`stopper`, an `EarlyStoppingCallback`, or None when off) did:
     {"patience", "stopped_early", "epochs_run", "optimizer_steps_run"}; a stop is logged."""
@@ -297,7 +304,6 @@ def early_stopping_record(trainer, stopper, schedule: dict) -> dict:
             schedule["optimizer_steps"],
         )  # fmt: skip
     return record
-
 
 @dataclass
 class Run:
@@ -313,7 +319,6 @@ class Run:
     schedule: dict  # `fitted_schedule`
     output_dir: Path
     model_class: Any = None
-
 
 def train_member(run: Run, checkpoints: Path, seed: int):
     """Train one classifier from the checkpoint with `seed`, evaluating each epoch. -> (`Member`, its
@@ -342,7 +347,6 @@ def train_member(run: Run, checkpoints: Path, seed: int):
     )  # fmt: skip
     return member, trainer
 
-
 def finetune_text_classification(checkpoint: str | Path, output_dir: str | Path, *, model_class=None, **options) -> dict[str, Any]:
     """Fine-tune `checkpoint` as a text (or text-pair) classifier and save it to `output_dir`.
 
@@ -352,10 +356,8 @@ def finetune_text_classification(checkpoint: str | Path, output_dir: str | Path,
     config = FinetuneConfig(checkpoint=str(checkpoint), output_dir=str(output_dir), **options)
     return finetune(config, model_class=model_class)
 
-
 # What `transformers.enable_full_determinism` (Trainer's `full_determinism`) sets for the rest of the process.
 DETERMINISM_ENVIRONMENT = ("CUDA_LAUNCH_BLOCKING", "CUBLAS_WORKSPACE_CONFIG", "ASCEND_LAUNCH_BLOCKING", "HCCL_DETERMINISTIC", "FLASH_ATTENTION_DETERMINISTIC")
-
 
 @contextlib.contextmanager
 def determinism_restored():
@@ -376,7 +378,6 @@ def determinism_restored():
             else:
                 os.environ[name] = value
 
-
 def read_labelled_splits(config: FinetuneConfig, checkpoint: CheckpointInfo):
     """The data, checked and labelled: -> (splits with a "labels" column, label names in id order, `label_warnings`).
     Cells are checked in the files' order, before `carve_splits` shuffles them."""
@@ -390,7 +391,6 @@ def read_labelled_splits(config: FinetuneConfig, checkpoint: CheckpointInfo):
     logger.info("%d labels: %s; %s", len(label_names), ", ".join(label_names), ", ".join(f"{k} {len(v)} rows" for k, v in splits.items()))
     splits = encode_labels(splits, config.label_column, label_names)
     return splits, label_names, label_warnings(splits, label_names)
-
 
 def finetune(config: FinetuneConfig, model_class=None) -> dict[str, Any]:
     """Fine-tune as `config` says: read the checkpoint once, then the data, then train, score and save.
@@ -429,7 +429,6 @@ def finetune(config: FinetuneConfig, model_class=None) -> dict[str, Any]:
         lock.claim(PartialState(), writing=True)
         return train_and_score(run)
 
-
 def train_runs(run: Run):
     """The soup's runs (one by default), seeds `config.seed` + 0..N-1, checkpoints in `checkpoints/run-k`
     for a soup. -> (the members, the last run's Trainer holding the kept model, the soup's record or None)."""
@@ -450,7 +449,6 @@ def train_runs(run: Run):
     logger.info("soup of %d runs; each run's validation %s: %s", runs, run.config.best_metric, ", ".join(f"{m.validation[run.config.best_metric]:.4f}" for m in members))
     return members, trainer, together
 
-
 def score_splits(trainer, splits, results: dict, rescore_validation: bool) -> dict:
     """Score the kept model on validation and test, per text; -> {split: (logits (D, K), labels (D,))}.
     The test scores (and, for a soup, the validation scores) go into `results`."""
@@ -463,7 +461,6 @@ def score_splits(trainer, splits, results: dict, rescore_validation: bool) -> di
             if split == "test" or rescore_validation:
                 results[split] = unprefixed(output.metrics, f"{prefix}_")
     return outputs
-
 
 def train_and_score(run: Run) -> dict[str, Any]:
     """`finetune`'s training, scoring and saving, on the checked and tokenized data (`Run`)."""
@@ -490,7 +487,6 @@ def train_and_score(run: Run) -> dict[str, Any]:
         if split in results:
             logger.info("%s: accuracy %.4f, macro-F1 %.4f", split, results[split]["accuracy"], results[split]["macro_f1"])
     return results
-
 
 def save_classifier(run: Run, trainer) -> None:
     """Save the kept model and its tokenizer, its config recording how it read a text (`record_inputs`,

@@ -8,9 +8,10 @@ folder is touched, so a bad input never damages a finished run.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import shutil
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import datasets
@@ -20,21 +21,19 @@ from datasets.arrow_dataset import Column
 from torch.utils.data import DataLoader
 
 from scratchbert import ingestion
-from scratchbert.training import global_batch, streaming
 from scratchbert.errors import ScratchBertError
 from scratchbert.tokenization import load_tokenizer, train_tokenizer
-from scratchbert.training.collator import MODEL_INPUTS, DataCollatorForPretraining, IndexedDataset, SeededCollator
-from scratchbert.training.config import DEFAULT_VOCAB_SIZE, PretrainConfig
-from scratchbert.training.data import build_packed_dataset, build_pretraining_dataset, progress_bars, tokenize_documents
-from scratchbert.training.evaluation import EVAL_MLM_PROBABILITY
+from scratchbert.training.pretraining import global_batch, streaming
+from scratchbert.training.pretraining.config import DEFAULT_VOCAB_SIZE, PretrainConfig
+from scratchbert.training.pretraining.evaluation import EVAL_MLM_PROBABILITY
+from scratchbert.training.pretraining.examples import build_packed_dataset, build_pretraining_dataset, tokenize_documents
+from scratchbert.training.pretraining.masking import MODEL_INPUTS, DataCollatorForPretraining, IndexedDataset, SeededCollator
 
 TOKENIZER_DIR = "tokenizer"  # the run's own tokenizer, in its output folder
-
 
 def _show_progress(config: PretrainConfig) -> bool:
     """datasets' bars: with --progress-bar, on one process per machine (the others read its cache)."""
     return config.progress_bar and PartialState().is_local_main_process
-
 
 def load_corpus(config: PretrainConfig) -> Sequence[str] | datasets.IterableDataset:
     """The run's documents: --train-files, --dataset, or the embedded default corpus.
@@ -61,7 +60,6 @@ def load_corpus(config: PretrainConfig) -> Sequence[str] | datasets.IterableData
         raise ScratchBertError("the training corpus holds no text: check --train-files / --dataset.")
     return documents
 
-
 def _with_text(dataset: datasets.Dataset) -> datasets.Dataset:
     """The rows whose text is more than whitespace (a table may hold blank ones), found by Arrow compute."""
     import pyarrow.compute as pc
@@ -72,7 +70,6 @@ def _with_text(dataset: datasets.Dataset) -> datasets.Dataset:
         keep.extend((pc.indices_nonzero(has_text).to_numpy() + offset).tolist())
         offset += len(batch)
     return dataset if len(keep) == len(dataset) else dataset.select(keep)
-
 
 def split_documents(documents: Sequence[str], eval_fraction: float, seed: int) -> tuple[Sequence[str], Sequence[str]]:
     """Hold out whole documents (never halves of one) for evaluation, chosen by a seeded shuffle.
@@ -94,7 +91,6 @@ def split_documents(documents: Sequence[str], eval_fraction: float, seed: int) -
         source, column = documents.source, documents.column_name
         return source.select(kept)[column], source.select(held_out)[column]
     return [documents[i] for i in kept], [documents[i] for i in held_out]
-
 
 def load_or_train_tokenizer(config: PretrainConfig, accelerator: Accelerator, resuming: bool, texts):
     """The run's tokenizer: the run's own copy when resuming; `--tokenizer`; or one trained on `texts()`.
@@ -126,7 +122,6 @@ def load_or_train_tokenizer(config: PretrainConfig, accelerator: Accelerator, re
         shutil.rmtree(handover)
     return tokenizer
 
-
 def build_data(config: PretrainConfig, accelerator: Accelerator, resuming: bool = False):
     """(tokenizer, training examples, held-out examples, --long-phase examples or None) from the corpus.
 
@@ -145,7 +140,6 @@ def build_data(config: PretrainConfig, accelerator: Accelerator, resuming: bool 
     long_dataset = build_long_dataset(config, tokenizer, train_docs, accelerator) if config.long_phase else None
     return tokenizer, train_dataset, eval_dataset, long_dataset
 
-
 def build_long_dataset(config: PretrainConfig, tokenizer, train_docs, accelerator: Accelerator):
     """--long-phase: the training documents' examples at --long-seq-length (the tokens come from the cache)."""
     long_length = config.long_seq_length or config.max_position_embeddings
@@ -155,7 +149,6 @@ def build_long_dataset(config: PretrainConfig, tokenizer, train_docs, accelerato
     if len(dataset) == 0:
         raise ScratchBertError(f"--long-phase: the training text gives no example of {long_length} tokens. Lower --long-seq-length or add text.")
     return dataset
-
 
 def check_vocabulary(tokenizer, model_config) -> None:
     """The tokenizer's ids must index the model's embedding table one to one."""
@@ -169,7 +162,6 @@ def check_vocabulary(tokenizer, model_config) -> None:
         raise ScratchBertError(
             f"the tokenizer's [PAD] id is {tokenizer.pad_token_id} but the model's pad_token_id is {model_config.pad_token_id}."
         )
-
 
 def build_datasets(config: PretrainConfig, tokenizer, train_docs: Sequence[str], eval_docs: Sequence[str]):
     """Example datasets for training and evaluation (`datasets.Dataset`s), as `config.packing` says.
@@ -192,7 +184,6 @@ def build_datasets(config: PretrainConfig, tokenizer, train_docs: Sequence[str],
     with progress_bars(_show_progress(config)):
         return _build_datasets(config, tokenizer, train_docs, eval_docs)
 
-
 def _examples(config: PretrainConfig, tokenizer, documents, seed: int, max_seq_length: int | None = None):
     """The recipe's examples from documents (text or tokenized; a Dataset or a stream), of --max-seq-length tokens or `max_seq_length`."""
     length = max_seq_length or config.max_seq_length
@@ -200,7 +191,6 @@ def _examples(config: PretrainConfig, tokenizer, documents, seed: int, max_seq_l
         return build_packed_dataset(documents, tokenizer, max_seq_length=length, num_proc=config.num_proc)
     pairing = {"max_seq_length": length, "short_seq_prob": config.short_seq_prob, "num_proc": config.num_proc}
     return build_pretraining_dataset(documents, tokenizer, seed=seed, nsp_probability=0.5 if config.nsp else 0.0, **pairing)
-
 
 def _build_datasets(config: PretrainConfig, tokenizer, train_docs, eval_docs):
     examples = functools.partial(_examples, config, tokenizer)
@@ -229,7 +219,6 @@ def _build_datasets(config: PretrainConfig, tokenizer, train_docs, eval_docs):
         eval_dataset = eval_dataset.select([int(i * step) for i in range(config.max_eval_examples)])
     return train_dataset, eval_dataset
 
-
 def build_stream_datasets(config: PretrainConfig, tokenizer, train_docs: datasets.IterableDataset, eval_docs: datasets.IterableDataset):
     """--streaming: the training examples as a stream, and a fixed held-out set read from the start of its stream.
 
@@ -239,7 +228,6 @@ def build_stream_datasets(config: PretrainConfig, tokenizer, train_docs: dataset
     with progress_bars(_show_progress(config)):
         eval_dataset = streaming.materialize(_examples(config, tokenizer, eval_docs, config.seed + 10_000), config.max_eval_examples or None, "held-out")
     return _examples(config, tokenizer, train_docs, config.seed), eval_dataset
-
 
 class EpochPermutation(torch.utils.data.Sampler[int]):
     """Every example at most once an epoch, in an order drawn from (seed, epoch): `set_epoch` before each.
@@ -272,7 +260,6 @@ class EpochPermutation(torch.utils.data.Sampler[int]):
         for start in range(0, len(order), self.CHUNK):
             yield from order[start : start + self.CHUNK].tolist()
 
-
 def _collate(config: PretrainConfig, tokenizer, seed: int, evaluation: bool = False) -> SeededCollator:
     # Evaluation masks at BERT's 15% with BERT's 80/10/10 whatever the training recipe: every
     # evaluation, and every recipe, is scored on the same kind of task.
@@ -284,7 +271,6 @@ def _collate(config: PretrainConfig, tokenizer, seed: int, evaluation: bool = Fa
     # Without NSP the model takes no next_sentence_label (sentence pairs still carry one).
     inputs = MODEL_INPUTS if config.nsp else tuple(name for name in MODEL_INPUTS if name != "next_sentence_label")
     return SeededCollator(collator, seed, model_inputs=inputs)
-
 
 def _shuffled_loader(config: PretrainConfig, dataset: datasets.Dataset, collate: SeededCollator, batch_size: int, seed: int, num_processes: int) -> DataLoader:
     step_examples = global_batch.examples_per_step(batch_size, config.gradient_accumulation_steps, num_processes)
@@ -306,7 +292,6 @@ def _shuffled_loader(config: PretrainConfig, dataset: datasets.Dataset, collate:
         generator=torch.Generator().manual_seed(seed),
     )
 
-
 def make_dataloaders(config: PretrainConfig, tokenizer, train_dataset, eval_dataset, accelerator: Accelerator | None = None):
     train_collate = _collate(config, tokenizer, config.seed)
     eval_collate = _collate(config, tokenizer, config.seed + 1, evaluation=True)
@@ -327,10 +312,34 @@ def make_dataloaders(config: PretrainConfig, tokenizer, train_dataset, eval_data
     )
     return train_loader, eval_loader, train_collate
 
-
 def make_long_loader(config: PretrainConfig, tokenizer, long_dataset: datasets.Dataset, num_processes: int = 1) -> tuple[DataLoader, SeededCollator]:
     """--long-phase: batches of long examples, about the tokens of a regular batch (BERT kept 256 examples of 512)."""
     long_length = config.long_seq_length or config.max_position_embeddings
     batch_size = max(1, config.batch_size * config.max_seq_length // long_length)
     collate = _collate(config, tokenizer, config.seed + 2)
     return _shuffled_loader(config, long_dataset, collate, batch_size, config.seed + 2, num_processes), collate
+
+@contextlib.contextmanager
+def progress_bars(enabled: bool) -> Iterator[None]:
+    """Inside the block the progress bars of datasets and transformers (saving a model) are off unless `enabled`.
+
+    Their global switches are restored after. (With bars on, every `map` here shows one bar
+    with its rate in documents per second, also when it runs in several processes.)
+    """
+    from datasets.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+    from transformers.utils import logging as transformers_logging
+
+    switches = (
+        (lambda: not are_progress_bars_disabled(), disable_progress_bars, enable_progress_bars),
+        (transformers_logging.is_progress_bar_enabled, transformers_logging.disable_progress_bar, transformers_logging.enable_progress_bar),
+    )
+    switched_off = []
+    for is_on, switch_off, switch_on in switches if not enabled else ():
+        if is_on():
+            switch_off()
+            switched_off.append(switch_on)
+    try:
+        yield
+    finally:
+        for switch_on in switched_off:
+            switch_on()

@@ -26,23 +26,25 @@ import datasets
 
 from scratchbert.errors import ScratchBertError
 from scratchbert.tokenization import load_tokenizer
-from scratchbert.training.config import PretrainConfig
+from scratchbert.training.pretraining.config import PretrainConfig
 
 PREPARED_FILE = "prepared.json"
+
 SPLITS = {"train": "train", "held-out": "held-out"}
+
 # What the examples are, which a run on them must agree with: the model's heads and inputs depend on it.
 DATA_OPTIONS = ("packing", "nsp", "max_seq_length")
+
 # How they were made (recorded; a run on them may use another seed for its weights, order and masks).
 MADE_WITH = ("recipe", "short_seq_prob", "dupe_factor", "eval_fraction", "max_eval_examples", "seed", "lowercase", "vocab_size", "tokenizer")
+
 # The options of `scratchbert prepare-data`: what shapes the examples, where they come from and go (not the model's).
 PREPARE_OPTIONS = frozenset(
     DATA_OPTIONS + MADE_WITH + ("train_files", "dataset", "text_column", "num_proc", "output_dir", "overwrite", "progress_bar")
 )
 
-
 def prepared_options(config: PretrainConfig) -> dict:
     return {name: getattr(config, name) for name in DATA_OPTIONS}
-
 
 def save_prepared(folder: str | Path, config: PretrainConfig, tokenizer, train_dataset: datasets.Dataset, eval_dataset: datasets.Dataset) -> Path:
     """Write the examples, the tokenizer and `prepared.json` to `folder`, atomically (a temporary folder renamed)."""
@@ -67,7 +69,6 @@ def save_prepared(folder: str | Path, config: PretrainConfig, tokenizer, train_d
     tmp.rename(folder)
     return folder
 
-
 def read_manifest(folder: str | Path) -> dict:
     """`prepared.json` of a prepared-data folder, with clear errors for a missing or damaged one."""
     folder = Path(folder)
@@ -81,7 +82,6 @@ def read_manifest(folder: str | Path) -> dict:
     except json.JSONDecodeError as err:
         raise ScratchBertError(f"{path} is damaged ({err}); build the folder again with `scratchbert prepare-data`.") from None
     return manifest
-
 
 def check_options(folder: str | Path, config: PretrainConfig) -> dict:
     """The folder's manifest, if this run's data options are the ones its examples were made with."""
@@ -100,7 +100,6 @@ def check_options(folder: str | Path, config: PretrainConfig) -> dict:
         )
     return manifest
 
-
 def load_prepared(folder: str | Path, config: PretrainConfig):
     """(tokenizer, training examples, held-out examples) of a prepared folder, the examples memory-mapped."""
     folder = Path(folder)
@@ -111,15 +110,12 @@ def load_prepared(folder: str | Path, config: PretrainConfig):
         raise ScratchBertError(f"{folder} is incomplete or damaged ({err}); build it again with `scratchbert prepare-data`.") from None
     return load_tokenizer(folder / "tokenizer", max_length=config.max_position_embeddings), *splits
 
-
-
-
 def prepare_data(config: PretrainConfig) -> Path:
     """`scratchbert prepare-data`: the run's tokenizer and examples, built as `pretrain` would and saved to `config.output_dir`."""
     from accelerate import Accelerator
 
-    from scratchbert.training.corpus import build_data
-    from scratchbert.training.output_folder import check_output_folder
+    from scratchbert.training.pretraining.corpus import build_data
+    from scratchbert.training.run_folder import check_output_folder
 
     if config.streaming:
         raise ScratchBertError("prepare-data keeps the examples it builds; --streaming keeps none. Leave out one of them.")
@@ -132,6 +128,5 @@ def prepare_data(config: PretrainConfig) -> Path:
         save_prepared(folder, config, tokenizer, train_dataset, eval_dataset)
     accelerator.wait_for_everyone()
     return folder
-
 
 __all__ = ["DATA_OPTIONS", "PREPARED_FILE", "PREPARE_OPTIONS", "check_options", "load_prepared", "prepare_data", "prepared_options", "read_manifest", "save_prepared"]

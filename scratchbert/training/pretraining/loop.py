@@ -56,22 +56,26 @@ from scratchbert import cpu_gemm
 from scratchbert.configuration_scratchbert import ScratchBertConfig
 from scratchbert.errors import NonFiniteLossError, ScratchBertError
 from scratchbert.inspection import fill_mask, load_masked_lm
-from scratchbert.training import checkpoint as ckpt
-from scratchbert.training import distributed_checks, global_batch, sharding
-from scratchbert.training.accelerator import build_accelerator, settle_mixed_precision, start_processes
-from scratchbert.training.collator import SeededCollator
-from scratchbert.training.config import PretrainConfig
-from scratchbert.training.corpus import build_data, check_vocabulary, make_dataloaders, make_long_loader
-from scratchbert.training.data import progress_bars
-from scratchbert.training.evaluation import evaluate, held_out_passages, plateau_report, weight_checksum
-from scratchbert.training.folder_lock import OutputDirLock
-from scratchbert.training.models import pretraining_model
-from scratchbert.training.output_folder import CURVES_FILE, KERNEL_DECISIONS_FILE, LOG_FILE, check_output_dir, prepare_output_dir, save_final_model
-from scratchbert.training.precision import warn_if_fp32_is_faster
-from scratchbert.training.prepared import load_prepared
-from scratchbert.training.plotting import plot_training_curves, read_log
-from scratchbert.training.run_log import RunLog, progress_bar, train_record
-from scratchbert.training.schedules import TimeBudgetSchedule, TrainingClock, adamw, make_scheduler, parameter_groups
+from scratchbert.training.pretraining import checkpoint as ckpt
+from scratchbert.training.pretraining import global_batch, processes, sharding
+from scratchbert.training.pretraining.checkpoint import (
+    CURVES_FILE,
+    KERNEL_DECISIONS_FILE,
+    LOG_FILE,
+    check_output_dir,
+    prepare_output_dir,
+    save_final_model,
+)
+from scratchbert.training.pretraining.config import PretrainConfig
+from scratchbert.training.pretraining.corpus import build_data, check_vocabulary, make_dataloaders, make_long_loader, progress_bars
+from scratchbert.training.pretraining.evaluation import evaluate, held_out_passages, plateau_report, weight_checksum
+from scratchbert.training.pretraining.masking import SeededCollator
+from scratchbert.training.pretraining.precision import settle_mixed_precision, warn_if_fp32_is_faster
+from scratchbert.training.pretraining.prepared import load_prepared
+from scratchbert.training.pretraining.processes import build_accelerator, start_processes
+from scratchbert.training.pretraining.run_log import RunLog, plot_training_curves, progress_bar, read_log, train_record
+from scratchbert.training.pretraining.schedules import TimeBudgetSchedule, TrainingClock, adamw, make_scheduler, parameter_groups
+from scratchbert.training.run_folder import OutputDirLock
 
 # Shown after the demo run (no --train-files / --dataset): sentences in the style of the
 # Python documentation the embedded corpus comes from, not copied from it. That text quotes
@@ -84,20 +88,18 @@ DEMO_SENTENCES = (
     "this method returns a new [MASK] object.",
 )
 
-
 # ---------------------------------------------------------------------------------------------
 # 1. The model
 # ---------------------------------------------------------------------------------------------
 def build_model(config: PretrainConfig, tokenizer, vocab_size: int):
     """A freshly initialised pretraining model of `vocab_size` tokens, checked against the tokenizer.
 
-    Which model a run trains (the MLM head alone, or with NSP) is `models.pretraining_model`'s
+    Which model a run trains (the MLM head alone, or with NSP) is `PretrainConfig.new_model`'s
     choice; the precision trial builds its throwaway copy there too.
     """
     model_config = ScratchBertConfig(vocab_size=vocab_size, pad_token_id=tokenizer.pad_token_id, **config.model_kwargs())
     check_vocabulary(tokenizer, model_config)
-    return pretraining_model(config, model_config)
-
+    return config.new_model(model_config)
 
 # ---------------------------------------------------------------------------------------------
 # 2. The run, in steps: setup -> resume -> train -> finish
@@ -113,11 +115,9 @@ class Position:
     training_seconds: float = 0.0  # the clock a --time-budget runs on
     phase: int = 0  # 1 once the --long-phase has begun (epoch and batches_in_epoch then count its examples)
 
-
 def long_phase_first_step(config: PretrainConfig) -> int:
     """--long-phase without a time budget: the step the phase begins on (its last `long_phase` of `max_steps`)."""
     return round((1.0 - config.long_phase) * config.max_steps)
-
 
 @dataclass
 class Run:
@@ -170,7 +170,6 @@ class Run:
     def done(self) -> bool:
         return (self.config.max_steps is not None and self.position.step >= self.config.max_steps) or self.out_of_time()
 
-
 @dataclass
 class PretrainResult:
     output_dir: Path
@@ -180,7 +179,6 @@ class PretrainResult:
     masked_lm_dir: Path  # the saved masked-language model: output_dir
     held_out_passages: list[tuple[str, str]]  # held-out text with a word hidden, and the word (`held_out_passages`)
 
-
 def model_vocab_size(config: PretrainConfig, tokenizer, resume_state: dict | None) -> int:
     """The model's vocabulary: the checkpoint's when resuming, --vocab-size when given with
     --tokenizer, else the tokenizer's own size (a trained one may come out smaller than asked)."""
@@ -189,7 +187,6 @@ def model_vocab_size(config: PretrainConfig, tokenizer, resume_state: dict | Non
     if config.tokenizer and config.vocab_size is not None:
         return config.vocab_size
     return len(tokenizer)
-
 
 def setup(config: PretrainConfig, lock: OutputDirLock) -> tuple[Run, dict | None]:
     """Step 1: build everything, checking the inputs before the output folder is touched.
@@ -202,7 +199,7 @@ def setup(config: PretrainConfig, lock: OutputDirLock) -> tuple[Run, dict | None
     config = settle_mixed_precision(config)  # --mixed-precision auto: the Accelerator fixes one precision for the run
     accelerator = build_accelerator(config)
     lock.claim(accelerator)
-    distributed_checks.check_shared_output_dir(accelerator, config.output_dir)  # before anything is written next to it
+    processes.check_shared_output_dir(accelerator, config.output_dir)  # before anything is written next to it
     resume_state = check_output_dir(config)
     set_seed(config.seed)  # weights and dropout; the data order and masks have seeds of their own
 
@@ -223,7 +220,7 @@ def setup(config: PretrainConfig, lock: OutputDirLock) -> tuple[Run, dict | None
         model = sharding.shard(model, accelerator)
     if asked_precision == "bf16" and accelerator.device.type == "cpu" and accelerator.is_main_process and resume_state is None:
         # bf16 is not faster on every CPU that has bf16 instructions: a few timed steps say (precision.py)
-        trial_model = partial(pretraining_model, config, model.config)  # a throwaway copy, already checked
+        trial_model = partial(config.new_model, model.config)  # a throwaway copy, already checked
         warn_if_fp32_is_faster(trial_model, config.batch_size, config.max_seq_length, config.mlm_probability)
 
     # Everything is known to be good: only now is the folder cleared (--overwrite) and written.
@@ -252,7 +249,6 @@ def setup(config: PretrainConfig, lock: OutputDirLock) -> tuple[Run, dict | None
     )  # fmt: skip
     return run, resume_state
 
-
 def resume(run: Run, resume_state: dict | None) -> None:
     """Step 2: with a checkpoint, restore weights, optimizer, schedule, RNG states and position."""
     accelerator = run.accelerator
@@ -272,7 +268,6 @@ def resume(run: Run, resume_state: dict | None) -> None:
         run.train_loader.load_state_dict(resume_state["stream"])
         run.position.epoch = resume_state["stream"]["epoch"]
     accelerator.print(f"resuming from {resume_state['path']} (step {run.position.step}, epoch {run.position.epoch})")
-
 
 def check_same_global_batch(config: PretrainConfig, accelerator: Accelerator, resume_state: dict) -> None:
     """A run resumes on any number of processes, as long as its optimizer steps keep their examples.
@@ -296,7 +291,6 @@ def check_same_global_batch(config: PretrainConfig, accelerator: Accelerator, re
             f"this run's would be {global_batch.describe(config.batch_size, config.gradient_accumulation_steps, accelerator.num_processes)}. "
             f"Choose --batch-size and --gradient-accumulation-steps so that processes x batch x accumulation = {before}."
         )
-
 
 def train(run: Run, timer=time.perf_counter) -> RunLog:
     """Step 3: forward / backward over a step's micro-batches, then clip / step, until max_steps or the time budget.
@@ -342,7 +336,6 @@ def train(run: Run, timer=time.perf_counter) -> RunLog:
         accelerator.print(f"the time budget of {config.time_budget:g} minutes is spent after {position.step} steps")
     return log
 
-
 def optimizer_step(run: Run, micro_batches: list[dict], window: dict) -> None:
     """One optimizer step over this process's micro-batches of the global batch (`global_batch.py`).
 
@@ -373,7 +366,6 @@ def optimizer_step(run: Run, micro_batches: list[dict], window: dict) -> None:
     run.optimizer.zero_grad()
     window["steps"] += 1
 
-
 def _epoch_batches(run: Run):
     """The batches left in the epoch the run is in (of its phase, which may begin now), masked for that epoch."""
     config, accelerator, position = run.config, run.accelerator, run.position
@@ -386,7 +378,6 @@ def _epoch_batches(run: Run):
     if position.batches_in_epoch and not config.streaming:  # a stream resumes itself (`resume`)
         return accelerator.skip_first_batches(epoch_loader, position.batches_in_epoch)
     return epoch_loader
-
 
 def after_step(run: Run, log: RunLog, clock: TrainingClock, progress, window: dict) -> None:
     """One optimizer step is done: advance the schedule, then log / evaluate / save when due."""
@@ -424,7 +415,6 @@ def after_step(run: Run, log: RunLog, clock: TrainingClock, progress, window: di
         clock.start()
         window["start"] = time.perf_counter()  # throughput counts training time only
 
-
 def finish(run: Run, log: RunLog, started: float, cpu_started: float) -> PretrainResult:
     """Step 4: the final evaluation, the saved model and tokenizer, the curves, an orderly shutdown."""
     accelerator, position, output_dir = run.accelerator, run.position, run.output_dir
@@ -455,7 +445,6 @@ def finish(run: Run, log: RunLog, started: float, cpu_started: float) -> Pretrai
     passages = held_out_passages(run.eval_dataset, run.tokenizer, seed=run.config.seed)
     return PretrainResult(output_dir, position.step, metrics, seconds, output_dir, passages)
 
-
 def shut_down(run: Run) -> None:
     """Release the processes in an order that cannot hang.
 
@@ -472,7 +461,6 @@ def shut_down(run: Run) -> None:
     accelerator.wait_for_everyone()
     accelerator.end_training()
 
-
 def pretrain(config: PretrainConfig, timer=time.perf_counter) -> PretrainResult:
     """Run (or resume) pretraining as `config` says: the steps of the module docstring.
 
@@ -481,14 +469,13 @@ def pretrain(config: PretrainConfig, timer=time.perf_counter) -> PretrainResult:
     started, cpu_started = time.perf_counter(), time.process_time()
     kernels = cpu_gemm.decisions_kept_in(Path(config.output_dir) / KERNEL_DECISIONS_FILE)  # --resume multiplies on the same kernels
     # One run per output folder at a time; progress_bar=False silences datasets' and transformers' bars too.
-    lost = distributed_checks.naming_lost_processes(config.output_dir, config.ddp_timeout)  # a process gone: named in one line
+    lost = processes.naming_lost_processes(config.output_dir, config.ddp_timeout)  # a process gone: named in one line
     with OutputDirLock(config.output_dir, "scratchbert pretrain") as lock, progress_bars(config.progress_bar), kernels, lost:
         run, resume_state = setup(config, lock)
         resume(run, resume_state)
         run.setup_seconds = time.perf_counter() - started
         log = train(run, timer)
         return finish(run, log, started, cpu_started)
-
 
 def _announce(run: Run, log: RunLog) -> None:
     """The run's first log record and the one line a user reads before the progress bar."""
@@ -520,12 +507,10 @@ def _announce(run: Run, log: RunLog) -> None:
         f"({run.eval_examples} held out), {accelerator.num_processes} process(es), {length} of {examples_per_step} examples{long_phase}"
     )
 
-
 def _synchronized_seconds(accelerator: Accelerator, clock: TrainingClock) -> float:
     """The training time of the slowest process: every process then agrees on the learning rate and on when to stop."""
     seconds = torch.tensor([clock.seconds()], dtype=torch.float64, device=accelerator.device)
     return accelerator.reduce(seconds, reduction="max").item() if accelerator.num_processes > 1 else seconds.item()
-
 
 def _stop_if_not_finite(accelerator: Accelerator, window: dict, loss: torch.Tensor, step: int, last_saved, config) -> None:
     """Stop before a NaN/inf loss reaches the weights; every process agrees through the reduce.
@@ -551,7 +536,6 @@ def _stop_if_not_finite(accelerator: Accelerator, window: dict, loss: torch.Tens
         every_process=True,
     )
 
-
 # ---------------------------------------------------------------------------------------------
 # 3. Showing what the model learned
 # ---------------------------------------------------------------------------------------------
@@ -567,3 +551,8 @@ def print_fill_mask(model_dir: str | Path, sentences, top_k: int = 5, hidden: Se
         truth = f"   [{hidden[index]}]" if hidden else ""
         for guesses in fill_mask(model, tokenizer, sentence, top_k):
             print(f"  {sentence}{truth}\n      -> " + ", ".join(f"{token} ({p:.2f})" for token, p in guesses))
+
+# ---------------------------------------------------------------------------------------------
+# The model a pretraining run trains, built from its config: one rule for the run and for its precision trial.
+# ---------------------------------------------------------------------------------------------
+

@@ -27,7 +27,6 @@ LABEL_KINDS = {  # Arrow dtype of a label column -> how its values become label 
     "bool": "integer",  # False/True are the integers 0/1
 }
 
-
 def read_splits(
     train_files: Sequence[str | Path] | None = None,
     validation_files: Sequence[str | Path] | None = None,
@@ -49,7 +48,6 @@ def read_splits(
     Returns:
         {"train": Dataset, and "validation" and "test" when given}
     """
-    import datasets
 
     if (train_files is None) == (dataset_name is None):
         raise ScratchBertError("give either local train files (--train-file) or a datasets name (--dataset), not both or neither.")
@@ -80,7 +78,6 @@ def read_splits(
     if len(splits["train"]) == 0:
         raise ScratchBertError("the training data is empty: there are no rows to fine-tune on.")
     return splits
-
 
 def carve_splits(
     splits: dict,
@@ -115,7 +112,6 @@ def carve_splits(
         if limit is not None and limit < len(split):
             splits[name] = split.shuffle(seed=seed).select(range(limit))
     return datasets.DatasetDict(splits)
-
 
 def hold_out_by_label(labels: Sequence, fraction: float, seed: int) -> tuple[list[int], list[int]]:
     """Deal the rows into train and validation so that each label keeps its share in both.
@@ -152,7 +148,6 @@ def hold_out_by_label(labels: Sequence, fraction: float, seed: int) -> tuple[lis
     train = [row for label, rows in rows_of.items() for row in rows[taken[label] :]]
     return rng.permutation(train).tolist(), rng.permutation(validation).tolist()
 
-
 def check_columns(splits, text_column: str, text_pair_column: str | None, label_column: str) -> None:
     """Fail early, naming the fix, when a column is missing or a cell has no text or no label.
 
@@ -186,11 +181,9 @@ def check_columns(splits, text_column: str, text_pair_column: str | None, label_
             if value is None or (isinstance(label, ClassLabel) and not 0 <= value < label.num_classes):
                 raise ScratchBertError(f"{_row(row, name)} has no label in column {label_column!r} (found {value!r}).")
 
-
 def _row(row: int, split: str) -> str:
     """Where a bad cell is, as a user finds it in the files."""
     return f"row {row} of the {split} data (the first row is 1)"
-
 
 def label_names_of(splits, label_column: str) -> list[str]:
     """Label names in id order, from the label column of every split.
@@ -226,7 +219,6 @@ def label_names_of(splits, label_column: str) -> list[str]:
         return [str(int(value)) for value in sorted(values)]
     return sorted(values)
 
-
 def encode_labels(splits, label_column: str, label_names: Sequence[str]):
     """Add a "labels" column of ids `0..K-1` (what the model's loss takes)."""
     from datasets import ClassLabel
@@ -243,7 +235,6 @@ def encode_labels(splits, label_column: str, label_names: Sequence[str]):
         return {"labels": [label2id[name_of(value)] for value in batch[label_column]]}
 
     return splits.map(to_ids, batched=True, desc="encoding labels")
-
 
 def label_warnings(splits, label_names: Sequence[str]) -> dict | None:
     """What about the encoded labels is likely a mistake, though training can go on; each is logged.
@@ -278,4 +269,3 @@ def label_warnings(splits, label_names: Sequence[str]) -> dict | None:
             "; ".join(" / ".join(repr(label) for label in group) for group in groups),
         )
     return warnings or None
-

@@ -14,15 +14,15 @@ from accelerate.utils import broadcast_object_list
 
 from scratchbert.errors import ScratchBertError
 
-LOCK_FILE = ".scratchbert.lock"  # while a run writes in a folder: which process holds it
-
 try:
     import fcntl
 except ImportError:  # Windows: runs are not locked
     fcntl = None
 
-logger = logging.getLogger(__name__)
 
+LOCK_FILE = ".scratchbert.lock"  # while a run writes in a folder: which process holds it
+
+logger = logging.getLogger(__name__)
 
 class OutputDirLock:
     """One run at a time per output folder: an exclusive lock on the folder itself.
@@ -124,3 +124,44 @@ class OutputDirLock:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None
+
+def folder_contents(path: Path) -> str | None:
+    """What any command would replace in `path`: anything at all (None when it is empty or absent)."""
+    return "files (it is not empty)" if path.is_dir() and any(path.iterdir()) else None
+
+def check_output_folder(path: str | Path, overwrite: bool, *, resume: bool | None = None, held=folder_contents) -> Path:
+    """The one check of an `--output-dir` before a command writes there (pretrain, prepare-data, finetune).
+
+    path:      the folder the command will write.
+    overwrite: --overwrite was passed: what the folder holds may be replaced (the caller deletes it,
+               and only once its new inputs are known to be good).
+    resume:    None for a command without --resume; True lets a folder that holds a run through
+               (the caller then checks that the checkpoint belongs to this run).
+    held:      path -> a description of what the command would replace there, or None when
+               nothing; `folder_contents` (any file) unless the command knows better (`run_contents`).
+
+    Reads the folder only and returns it as a Path. Raises a ScratchBertError when path is a file
+    or cannot be written, or when it holds something and neither --overwrite nor --resume says
+    what to do with it.
+    """
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ScratchBertError(f"--output-dir {path} is a file, not a directory: choose another path.")
+    check_writable(path)
+    if overwrite or resume:
+        return path
+    contents = held(path)
+    if contents is None:
+        return path
+    choices = "pass --resume to continue it, --overwrite to start over" if resume is not None else "pass --overwrite to replace it"
+    raise ScratchBertError(f"--output-dir {path} already holds {contents}: {choices}, or choose another --output-dir.")
+
+def check_writable(path: Path) -> None:
+    """Refuse a folder the command could not write, before any long work: the folder itself, or
+    the nearest existing folder above it, where it would be made."""
+    existing = next(folder for folder in (path, *path.absolute().parents) if folder.exists())
+    if not os.access(existing, os.W_OK | os.X_OK):
+        where = "it" if existing == path else f"{existing}, where it would be made,"
+        raise ScratchBertError(
+            f"--output-dir {path}: {where} is read-only for this user: choose another --output-dir, or make it writable."
+        )

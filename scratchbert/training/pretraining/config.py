@@ -35,13 +35,14 @@ uses an option since removed, is refused with the fix.
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from scratchbert.configuration_scratchbert import ScratchBertConfig
 from scratchbert.errors import ScratchBertError
+from scratchbert.modeling_scratchbert import ScratchBertForMaskedLM, ScratchBertForPreTraining
 from scratchbert.training.config_file import ConfigFile
-from scratchbert.training.data import available_cores, check_max_seq_length
 
 # (num_hidden_layers, hidden_size); heads and feed-forward width follow BERT's ratios.
 PRESETS: dict[str, tuple[int, int]] = {
@@ -51,10 +52,15 @@ PRESETS: dict[str, tuple[int, int]] = {
     "medium": (8, 512),
     "base": (12, 768),
 }
+
 HEAD_DIM = 64  # every released BERT uses 64-dimensional attention heads
+
 MIXED_PRECISION_CHOICES = ("no", "bf16", "fp16", "auto")
+
 DEFAULT_VOCAB_SIZE = 4096  # the embedded corpus has ~65k words; BERT's English vocabularies have ~30k
+
 PACKINGS = ("full-sentences", "sentence-pairs")
+
 DOCS = "docs/pretraining.md"  # what was measured, and why the defaults are what they are
 
 # The training recipes: every option a recipe decides, and its value. A field left at None
@@ -85,11 +91,13 @@ RECIPES: dict[str, dict] = {
         "warmup_ratio": 0.01,
     },
 }
+
 DEFAULT_RECIPE = "packed"
+
 # A recipe's peak learning rate for one preset, where that preset measured better with another (DOCS).
 PRESET_LEARNING_RATES: dict[tuple[str, str], float] = {("packed", "tiny"): 2e-3}
-DEFAULT_MAX_STEPS = 4000  # without --time-budget: the demo's length (DOCS)
 
+DEFAULT_MAX_STEPS = 4000  # without --time-budget: the demo's length (DOCS)
 
 def preset_geometry(name: str) -> dict[str, int]:
     """The model sizes of a preset: `{"num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size"}`."""
@@ -98,11 +106,9 @@ def preset_geometry(name: str) -> dict[str, int]:
     layers, hidden = PRESETS[name]
     return {"num_hidden_layers": layers, "hidden_size": hidden, **_derived_sizes(hidden)}
 
-
 def _derived_sizes(hidden: int) -> dict[str, int]:
     """BERT's ratios: 64-dimensional heads, a feed-forward layer 4 times as wide."""
     return {"num_attention_heads": max(1, hidden // HEAD_DIM), "intermediate_size": 4 * hidden}
-
 
 def recipe_values(recipe: str, preset: str) -> dict:
     """The options `recipe` decides, for a model of size `preset`."""
@@ -113,11 +119,9 @@ def recipe_values(recipe: str, preset: str) -> dict:
         values["learning_rate"] = PRESET_LEARNING_RATES[(recipe, preset)]
     return values
 
-
 def _resumable(help_text: str, **metadata) -> dict:
     """Field metadata of an option that may change when a run is resumed (bookkeeping, not the weights' path)."""
     return {"help": help_text, "resumable": True, **metadata}
-
 
 @dataclass
 class ModelArguments:
@@ -149,7 +153,6 @@ class ModelArguments:
         metadata=_resumable(f"vocabulary size: of the tokenizer trained for this run (default {DEFAULT_VOCAB_SIZE}); with --tokenizer it must match"),
     )
     lowercase: bool = field(default=True, metadata=_resumable("lowercase text (for a tokenizer trained for this run)"))
-
 
 @dataclass
 class DataArguments:
@@ -209,7 +212,6 @@ class DataArguments:
             "the examples are the same for any number"
         ),
     )
-
 
 @dataclass
 class TrainingArguments:
@@ -273,7 +275,6 @@ class TrainingArguments:
     overwrite: bool = field(default=False, metadata=_resumable("start over even if output_dir holds checkpoints"))
     report_to: str = field(default="auto", metadata=_resumable("trackers: auto (TensorBoard when installed), none, or names"))
     progress_bar: bool = field(default=True, metadata=_resumable("show a tqdm bar on the main process"))
-
 
 @dataclass
 class PretrainConfig(TrainingArguments, DataArguments, ModelArguments, ConfigFile):
@@ -378,6 +379,10 @@ class PretrainConfig(TrainingArguments, DataArguments, ModelArguments, ConfigFil
             raise ScratchBertError("--long-phase builds a second set of examples from the corpus: not with --streaming or --prepared-data.")
 
     # --- geometry shared with the model config ---
+    def new_model(self, model_config: ScratchBertConfig):
+        """A freshly initialised model of `model_config` for this run: the MLM head alone, or with NSP (`nsp`)."""
+        return (ScratchBertForPreTraining if self.nsp else ScratchBertForMaskedLM)(model_config)
+
     def model_kwargs(self) -> dict:
         """The `ScratchBertConfig` fields this run decides (vocab_size comes from the tokenizer)."""
         return {
@@ -398,23 +403,25 @@ class PretrainConfig(TrainingArguments, DataArguments, ModelArguments, ConfigFil
     def upgrade(cls, values: dict) -> dict:
         return upgrade_saved_config(values)
 
-
 # A save without `config_version` (version 1) held every option but these, and trained the
 # paper's recipe (MLM + NSP on sentence pairs); the others it lacks read as their defaults.
 _NOT_IN_VERSION_1 = frozenset({
     "recipe", "nsp", "packing", "time_budget", "finetune_dropout", "adam_beta1", "adam_beta2", "num_proc", "streaming",
     "prepared_data", "long_phase", "long_seq_length", "mask_replace_prob", "random_replace_prob", "ddp_timeout",
 })  # fmt: skip
+
 VERSION_1_RECIPE = "paper"
+
 # Options measured not to help and removed (docs/experiments.md), with the value that meant "off"
 # (ANY: every value trained the same model). A save that used one is refused; one that left it off loads.
 ANY = object()
+
 REMOVED_OPTIONS = {
     "objective": "mlm", "generator_layers": None, "discriminator_weight": ANY, "position_init": "normal",
     "mlm_probability_end": None, "long_batch_size": None, "long_learning_rate": None,
 }  # fmt: skip
-REMOVED_AT = "9a075dd"  # the last commit that has them
 
+REMOVED_AT = "9a075dd"  # the last commit that has them
 
 def resumable_options() -> frozenset[str]:
     """Options that may change when a run is resumed: they affect bookkeeping, not the sequence of weights.
@@ -422,7 +429,6 @@ def resumable_options() -> frozenset[str]:
     (The tokenizer of a resumed run is the one saved in output_dir, so its options no longer matter.)
     """
     return frozenset(f.name for f in dataclasses.fields(PretrainConfig) if f.metadata.get("resumable"))
-
 
 def upgrade_saved_config(values: dict) -> dict:
     """A saved or hand-written configuration in today's terms (without its `config_version`).
@@ -452,17 +458,21 @@ def upgrade_saved_config(values: dict) -> dict:
         values.setdefault("recipe", VERSION_1_RECIPE)
     return values
 
+# The smallest example holds one token of A and one of B besides the special tokens.
+NUM_SPECIAL_TOKENS = 3  # [CLS] A [SEP] B [SEP]
+MIN_MAX_SEQ_LENGTH = NUM_SPECIAL_TOKENS + 2
 
-__all__ = [
-    "DataArguments",
-    "ModelArguments",
-    "PRESETS",
-    "PretrainConfig",
-    "REMOVED_OPTIONS",
-    "RECIPES",
-    "TrainingArguments",
-    "preset_geometry",
-    "recipe_values",
-    "resumable_options",
-    "upgrade_saved_config",
-]
+def check_max_seq_length(max_seq_length) -> None:
+    """The one lower bound on example length, for every recipe (sentence pairs need the most room)."""
+    if isinstance(max_seq_length, bool) or not isinstance(max_seq_length, int) or max_seq_length < MIN_MAX_SEQ_LENGTH:
+        raise ScratchBertError(
+            f"max_seq_length={max_seq_length!r} is too small: [CLS] A [SEP] B [SEP] needs {NUM_SPECIAL_TOKENS} special "
+            f"tokens plus at least one token each for A and B; use max_seq_length >= {MIN_MAX_SEQ_LENGTH} (BERT uses 128 and 512)"
+        )
+
+def available_cores() -> int:
+    """The CPU cores this process may run on: its affinity mask, which containers and `taskset` narrow."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS and Windows have no affinity masks
+        return os.cpu_count() or 1

@@ -1,0 +1,1 @@
+"""Fine-tuning a pretrained scratchbert checkpoint with transformers.Trainer."""

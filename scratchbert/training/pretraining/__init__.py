@@ -1,0 +1,1 @@
+"""Pretraining BERT: its options, its data, the loop, its checkpoints and processes."""
