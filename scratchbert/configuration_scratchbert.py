@@ -62,6 +62,11 @@ class ScratchBertConfig(PretrainedConfig):
             measured fastest here, attention and Q/K/V choices measured per CPU); False keeps
             the modules exactly as `modeling_scratchbert.py` writes them (reading, exact parity).
             Outputs agree to floating-point rounding either way; not a property of the weights.
+        padding_free: on the CPU, run the layers on a padded batch's real tokens only (`bert_padding.py`;
+            zeros at padding); False computes every padded position too, as BertModel does.
+        sparse_prediction: in training with labels, run the MLM head at the N labelled positions only:
+            logits (N, V), the same loss, a fraction of the cost. For loops that read only the loss
+            (scratchbert's pretraining sets it); off, every mode returns BertForMaskedLM's (B, S, V).
     """
 
     model_type = "scratchbert"
@@ -85,6 +90,8 @@ class ScratchBertConfig(PretrainedConfig):
         classifier_pooling: str = "cls",
         tie_word_embeddings: bool = True,
         cpu_kernels: bool = True,
+        padding_free: bool = True,
+        sparse_prediction: bool = False,
         **kwargs,
     ):
         self.vocab_size = vocab_size
@@ -102,6 +109,8 @@ class ScratchBertConfig(PretrainedConfig):
         self.classifier_dropout = classifier_dropout
         self.classifier_pooling = classifier_pooling
         self.cpu_kernels = cpu_kernels
+        self.padding_free = padding_free
+        self.sparse_prediction = sparse_prediction
         # Keys of a transformers BERT config.json that describe decoder use (BERT as a
         # causal LM, cross-attention) or a KV cache. scratchbert is an encoder only, so
         # they are accepted for compatibility and dropped rather than stored unused.

@@ -746,6 +746,9 @@ class MeasuredLinear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return linear(x, self)
 
+    def extra_repr(self) -> str:  # what print(model) shows: where the product runs
+        return f"{super().extra_repr()}, kernel=measured (cpu_gemm.py)"
+
 
 def use_measured_kernels(module: nn.Module, enabled: bool = True) -> nn.Module:
     """Make every `nn.Linear` inside `module` a `MeasuredLinear` (enabled=False: back to `nn.Linear`).

@@ -16,12 +16,10 @@ of any transformers BERT checkpoint loads here key for key, with no conversion s
 
 Everything here is plain PyTorch: `self.dense(x)` is an `nn.Linear`. Attention is picked by name
 from transformers' registry (`ALL_ATTENTION_FUNCTIONS`: "sdpa", "flash_attention_2/3", "flex_attention",
-Hub kernels), as transformers' own BERT does; "eager" is the math written out below. The CPU fast paths live outside this file: with
-`config.cpu_kernels` (the default), `post_init` swaps in `cpu_kernels.py`'s modules, which run
-each matrix multiply on the kernel measured fastest on this CPU and pick SDPA or two batched
-GEMMs per attention call; the same parameters, the same state dict, the same outputs to
-rounding. `ScratchBertConfig(cpu_kernels=False)` (or `model.use_cpu_kernels(False)`) keeps the
-model exactly as written here: for reading, stepping through, and exact parity.
+Hub kernels), as transformers' own BERT does; "eager" is the math written out below. The CPU fast
+path lives outside this file: with `config.cpu_kernels` (the default) one named step,
+`use_cpu_kernels` (section 11), swaps in `cpu_kernels.py`'s modules (see section 4);
+`cpu_kernels=False` keeps the model exactly as written here, for reading and exact parity.
 """
 
 from __future__ import annotations
@@ -179,6 +177,10 @@ ADDITIVE_MASK_IMPLEMENTATIONS = ("eager", "sdpa")
 # ---------------------------------------------------------------------------------------------
 # 4. Multi-head self-attention: A heads, each attending in its own D-dimensional subspace.
 # ---------------------------------------------------------------------------------------------
+# Where the kernels come from: with `config.cpu_kernels` (the default) the built model's `use_cpu_kernels`
+# (section 11) swaps every `nn.Linear` below for `cpu_gemm.MeasuredLinear` (each product on the kernel
+# measured fastest on this CPU) and the self-attention, feed-forward and add & norm modules for
+# `cpu_kernels.py`'s subclasses: the same parameters, outputs equal to rounding; `print(model)` names them.
 class ScratchBertSelfAttention(nn.Module):
     """Project to queries, keys and values, split into heads, attend, merge the heads back.
 
@@ -192,7 +194,7 @@ class ScratchBertSelfAttention(nn.Module):
         super().__init__()
         self.config = config
         self.num_heads = config.num_attention_heads
-        self.head_dim = config.head_dim
+        self.head_dim = config.hidden_size // config.num_attention_heads  # D
         self.scaling = self.head_dim**-0.5
         self.is_causal = False  # every token sees every other: read by the registry's functions
         self.query = nn.Linear(config.hidden_size, config.hidden_size)
@@ -477,10 +479,13 @@ class ScratchBertPreTrainedModel(PreTrainedModel):
     # Older transformers versions saved the position-id buffer; scratchbert computes positions.
     _keys_to_ignore_on_load_unexpected = [r"embeddings\.position_ids"]
 
-    def __init__(self, config: ScratchBertConfig, *inputs, **kwargs):
-        # A config may be built field by field (as BertConfig may); its sizes must add up once a model is built.
-        config.validate_sizes()
+    def __init__(self, config: ScratchBertConfig, *inputs, part_of_task_model: bool = False, **kwargs):
+        # A config may be built field by field (as BertConfig may); its sizes must add up once a model is
+        # built. The whole model checks them once (and swaps kernels once): its encoder is `part_of_task_model`.
+        if not part_of_task_model:
+            config.validate_sizes()
         super().__init__(config, *inputs, **kwargs)
+        self.part_of_task_model = part_of_task_model
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
@@ -493,16 +498,16 @@ class ScratchBertPreTrainedModel(PreTrainedModel):
             return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
 
     def post_init(self) -> None:
-        """transformers' end-of-`__init__` step (initialisation, tying), then the CPU fast path if configured."""
+        """transformers' end-of-`__init__` step (initialisation, tying); then, the whole model built, `use_cpu_kernels` if configured."""
         super().post_init()
-        if self.config.cpu_kernels:
+        if self.config.cpu_kernels and not self.part_of_task_model:
             self.use_cpu_kernels()
 
     def use_cpu_kernels(self, enabled: bool = True) -> "ScratchBertPreTrainedModel":
         """Swap the CPU fast path in (`enabled`) or out, in place; returns the model.
 
-        In: every `nn.Linear` becomes a `cpu_gemm.MeasuredLinear` and every self-attention a
-        `cpu_kernels.CpuSelfAttention` (the same parameters and state dict, outputs equal to
+        In: every `nn.Linear` becomes a `cpu_gemm.MeasuredLinear` and the other modules their
+        `cpu_kernels.FAST_MODULES` subclass (the same parameters and state dict, outputs equal to
         rounding; off the CPU, under a tracer or for small products they run torch's own calls).
         Out: the modules are again the plain ones this file defines. Saved as `config.cpu_kernels`.
         """
@@ -550,25 +555,24 @@ class ScratchBertModel(ScratchBertPreTrainedModel):
     the outputs at real positions are the padded computation's, and padded positions hold
     zeros. On other devices the padded path runs (planning the packed layout reads the mask's
     values, which would make the host wait for the device on every call). A call with
-    output_attentions or output_hidden_states, with `padding_free = False`, or with an attention
+    output_attentions or output_hidden_states, with `config.padding_free = False`, or with an attention
     implementation other than "eager" and "sdpa" takes the padded path, which also computes a
     (meaningless) vector at every padded position, as BertModel does.
 
     Compiled, exported or traced (torch.compile, torch.export, torch.jit.trace, ONNX export;
-    `bert_padding.is_tracing`), every call takes the padded path, whatever `padding_free` says:
+    `bert_padding.is_tracing`), every call takes the padded path, whatever `config.padding_free` says:
     the packed layout and the all-real shortcut are decided from the mask's values on the host,
     and a recorded graph would replay this batch's decisions on every other batch. The padded
     graph holds no such decision, so one graph (compiled with dynamic shapes) serves every batch
-    size and length; its padded positions hold vectors, not zeros, as with `padding_free = False`.
+    size and length; its padded positions hold vectors, not zeros, as with `config.padding_free = False`.
     """
 
-    def __init__(self, config: ScratchBertConfig, add_pooling_layer: bool = True):
-        super().__init__(config)
+    def __init__(self, config: ScratchBertConfig, add_pooling_layer: bool = True, part_of_task_model: bool = False):
+        super().__init__(config, part_of_task_model=part_of_task_model)
         self.embeddings = ScratchBertEmbeddings(config)
         self.encoder = ScratchBertEncoder(config)
         self.pooler = ScratchBertPooler(config) if add_pooling_layer else None
         self.gradient_checkpointing = False  # as BertModel's: set with its layers' by `activation_checkpointing_enable`
-        self.padding_free = True  # skip padded positions in the layers (not saved; a speed switch)
         self.attention_call_cost = default_call_cost  # (dtype, device) -> the bucket planner's cost of one attention call
         self.post_init()
 
@@ -636,10 +640,10 @@ class ScratchBertModel(ScratchBertPreTrainedModel):
 
         Packed: a CPU batch run eagerly (`values_checkable`: reading the mask's values is free
         only there; on a GPU each read makes the host wait, a tracer would freeze this batch's
-        answers into its graph), with padding, attention "eager" or "sdpa", `padding_free` on,
+        answers into its graph), with padding, attention "eager" or "sdpa", `config.padding_free` on,
         and no hidden states or attentions recorded: those are the padded layout's, as BertModel's.
         """
-        if attention_mask is None or recording or not self.padding_free:
+        if attention_mask is None or recording or not self.config.padding_free:
             return None
         if self.config._attn_implementation not in ADDITIVE_MASK_IMPLEMENTATIONS or not values_checkable(attention_mask):
             return None
@@ -719,12 +723,12 @@ class _MaskedLMMixin:
     def mlm_logits(self, sequence_output: torch.Tensor, labels: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """MLM scores, and the labels lined up with them.
 
-        Training with labels: sparse prediction (`bert_padding.labelled_tokens`), the head runs only
-        at the N labelled positions -> logits (N, V), labels (N,); the loss is the dense one's.
-        Otherwise (eval, inference, no labels), and in a compiled or traced call, where N would be
-        read from the labels' values (`is_tracing`): every position -> logits (B, S, V), labels as given.
+        Every position -> logits (B, S, V), labels as given, as BertForMaskedLM. With
+        `config.sparse_prediction`, in training with labels (run eagerly: N is read from the labels'
+        values, `is_tracing`), the head runs only at the N labelled positions
+        (`bert_padding.labelled_tokens`) -> logits (N, V), labels (N,); the loss is the dense one's.
         """
-        if self.training and labels is not None and not is_tracing():
+        if self.config.sparse_prediction and self.training and labels is not None and not is_tracing():
             hidden, labels = labelled_tokens(sequence_output, labels, IGNORE_INDEX)  # (N, H), (N,)
         else:
             hidden = sequence_output
@@ -737,8 +741,8 @@ class ScratchBertForPreTrainingOutput(ModelOutput):
 
     loss: MLM loss + NSP loss (when both label sets are given), prediction_logits (B, S, V),
     seq_relationship_logits (B, 2), hidden_states and attentions as in `ScratchBertModel`.
-    In training mode with labels (run eagerly), prediction_logits holds only the labelled positions,
-    (N, V), in row-major order (`labels[labels != -100]` are their targets): see `mlm_logits`.
+    With `config.sparse_prediction`, in training mode with labels (run eagerly), prediction_logits holds
+    only the labelled positions, (N, V), in row-major order (`labels[labels != -100]` are their targets): see `mlm_logits`.
     """
 
     loss: torch.Tensor | None = None
@@ -757,14 +761,14 @@ class ScratchBertForPreTraining(_MaskedLMMixin, ScratchBertPreTrainedModel):
     divides each micro-batch mean by the accumulation steps (`accepts_loss_kwargs = False`),
     as for transformers' own BERT. Given `num_items_in_batch` and `num_sentence_pairs_in_batch`
     (the counts of MLM labels and NSP labels in a whole global batch, which scratchbert's own
-    pretraining loop passes: `training/global_batch.py`), each loss is summed and divided by its count.
+    pretraining loop passes: `training/pretraining/global_batch.py`), each loss is summed and divided by its count.
     """
 
     accepts_loss_kwargs = False
 
     def __init__(self, config: ScratchBertConfig):
         super().__init__(config)
-        self.bert = ScratchBertModel(config)
+        self.bert = ScratchBertModel(config, part_of_task_model=True)
         self.cls = ScratchBertPreTrainingHeads(config)
         self.post_init()
 
@@ -809,7 +813,7 @@ class ScratchBertForPreTraining(_MaskedLMMixin, ScratchBertPreTrainedModel):
 
 
 class ScratchBertForMaskedLM(_MaskedLMMixin, ScratchBertPreTrainedModel):
-    """The MLM head alone (no pooler): fill in `[MASK]` tokens. logits (B, S, V); (N, V) in training with labels.
+    """The MLM head alone (no pooler): fill in `[MASK]` tokens. logits (B, S, V) (see `mlm_logits` for `config.sparse_prediction`).
 
     Its loss is token-level, so under `Trainer`'s gradient accumulation it normalises by the
     labelled-token count of the whole accumulated batch (`num_items_in_batch`).
@@ -819,7 +823,7 @@ class ScratchBertForMaskedLM(_MaskedLMMixin, ScratchBertPreTrainedModel):
 
     def __init__(self, config: ScratchBertConfig):
         super().__init__(config)
-        self.bert = ScratchBertModel(config, add_pooling_layer=False)
+        self.bert = ScratchBertModel(config, add_pooling_layer=False, part_of_task_model=True)
         self.cls = ScratchBertPreTrainingHeads(config, nsp=False)
         self.post_init()
 
@@ -850,7 +854,7 @@ class ScratchBertForNextSentencePrediction(ScratchBertPreTrainedModel):
 
     def __init__(self, config: ScratchBertConfig):
         super().__init__(config)
-        self.bert = ScratchBertModel(config)
+        self.bert = ScratchBertModel(config, part_of_task_model=True)
         self.cls = ScratchBertPreTrainingHeads(config, mlm=False)
         self.post_init()
 
@@ -904,7 +908,7 @@ class ScratchBertForSequenceClassification(ScratchBertPreTrainedModel):
     def __init__(self, config: ScratchBertConfig):
         super().__init__(config)
         self.num_labels = config.num_labels
-        self.bert = ScratchBertModel(config, add_pooling_layer=config.classifier_pooling == "cls")
+        self.bert = ScratchBertModel(config, add_pooling_layer=config.classifier_pooling == "cls", part_of_task_model=True)
         self.dropout = classifier_dropout(config)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
@@ -938,7 +942,7 @@ class ScratchBertForTokenClassification(ScratchBertPreTrainedModel):
     def __init__(self, config: ScratchBertConfig):
         super().__init__(config)
         self.num_labels = config.num_labels
-        self.bert = ScratchBertModel(config, add_pooling_layer=False)
+        self.bert = ScratchBertModel(config, add_pooling_layer=False, part_of_task_model=True)
         self.dropout = classifier_dropout(config)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
@@ -963,17 +967,22 @@ class ScratchBertForTokenClassification(ScratchBertPreTrainedModel):
         return TokenClassifierOutput(loss=loss, logits=logits, hidden_states=encoded.hidden_states, attentions=encoded.attentions)
 
 
-def _span_targets(positions: torch.Tensor, seq: int) -> torch.Tensor:
-    """Span boundary targets (B,): a position at or past the end (the answer was truncated away) is ignored."""
-    positions = positions.reshape(-1)
-    return positions.clamp(min=0).masked_fill(positions >= seq, IGNORE_INDEX)
+def _span_targets(positions: torch.Tensor, attention_mask: torch.Tensor | None, seq: int) -> torch.Tensor:
+    """Span boundary targets (B,): a position past the end or on padding (the answer was truncated away) is ignored."""
+    positions = positions.reshape(-1).clamp(min=0)  # (B,)
+    inside = positions < seq
+    if attention_mask is not None:
+        inside &= attention_mask[torch.arange(len(positions)), positions.clamp(max=seq - 1)].bool()
+    return positions.masked_fill(~inside, IGNORE_INDEX)
 
 
 class ScratchBertForQuestionAnswering(ScratchBertPreTrainedModel):
     """Extractive QA: for every token, a score for starting and for ending the answer span.
 
     start_logits, end_logits (B, S). The loss averages the cross-entropies of the true start
-    and end positions; positions outside the sequence (answer truncated away) are ignored.
+    and end positions; positions outside the real tokens (answer truncated away) are ignored.
+    Padding is never part of the answer: its logits are the dtype's minimum, on either layout. At
+    real positions the logits are BertForQuestionAnswering's; its softmax also counts padding.
     """
 
     accepts_loss_kwargs = False
@@ -981,10 +990,7 @@ class ScratchBertForQuestionAnswering(ScratchBertPreTrainedModel):
     def __init__(self, config: ScratchBertConfig):
         super().__init__(config)
         self.num_labels = config.num_labels
-        self.bert = ScratchBertModel(config, add_pooling_layer=False)
-        # The span softmax runs over every position, padding included (as in BERT), so the
-        # padded positions' states matter here: keep the padded layout for this head.
-        self.bert.padding_free = False
+        self.bert = ScratchBertModel(config, add_pooling_layer=False, part_of_task_model=True)
         self.qa_outputs = nn.Linear(config.hidden_size, 2)
         self.post_init()
 
@@ -1001,16 +1007,18 @@ class ScratchBertForQuestionAnswering(ScratchBertPreTrainedModel):
         **kwargs: Unpack[EncoderOptions],
     ) -> QuestionAnsweringModelOutput | tuple:
         """Inputs as in `ScratchBertModel.forward`; start_positions, end_positions (B,): the answer
-        span's first and last token; a position >= S (answer outside the window) is ignored."""
+        span's first and last token; a position >= S or on padding (answer outside the window) is ignored."""
         encoded = self.bert(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, return_dict=True, **kwargs)
         logits = self.qa_outputs(encoded.last_hidden_state)  # (B, S, 2)
+        if attention_mask is not None:  # the span softmax runs over real positions only
+            logits = logits.masked_fill(attention_mask[..., None] == 0, torch.finfo(logits.dtype).min)
         start_logits, end_logits = (t.squeeze(-1).contiguous() for t in logits.split(1, dim=-1))  # (B, S) each
 
         loss = None
         if start_positions is not None and end_positions is not None:
             seq = start_logits.size(1)
-            start_loss = cross_entropy(start_logits, _span_targets(start_positions, seq))
-            end_loss = cross_entropy(end_logits, _span_targets(end_positions, seq))
+            start_loss = cross_entropy(start_logits, _span_targets(start_positions, attention_mask, seq))
+            end_loss = cross_entropy(end_logits, _span_targets(end_positions, attention_mask, seq))
             loss = (start_loss + end_loss) / 2
         return QuestionAnsweringModelOutput(
             loss=loss,
@@ -1038,7 +1046,7 @@ class ScratchBertForMultipleChoice(ScratchBertPreTrainedModel):
 
     def __init__(self, config: ScratchBertConfig):
         super().__init__(config)
-        self.bert = ScratchBertModel(config, add_pooling_layer=config.classifier_pooling == "cls")
+        self.bert = ScratchBertModel(config, add_pooling_layer=config.classifier_pooling == "cls", part_of_task_model=True)
         self.dropout = classifier_dropout(config)
         self.classifier = nn.Linear(config.hidden_size, 1)
         self.post_init()

@@ -50,7 +50,7 @@ def assert_close_to_fp32(name: str, hidden: torch.Tensor, reference: torch.Tenso
 def test_inference_matches_fp32_within_bf16_tolerance(attn_implementation, padding_free):
     torch.manual_seed(0)
     model = ScratchBertModel(tiny_config(attn_implementation)).eval()
-    model.padding_free = padding_free
+    model.config.padding_free = padding_free
     inputs = padded_inputs()
     keep = inputs["attention_mask"].bool()
     with torch.no_grad():
@@ -84,8 +84,8 @@ def test_real_weights_on_real_text(minilm_dir, bert_vocab_file, shared_data, att
 @pytest.mark.parametrize("attn_implementation", ["eager", "sdpa"])
 def test_training_loss_and_gradients_match_fp32(attn_implementation, padding_free):
     torch.manual_seed(1)
-    model = ScratchBertForPreTraining(tiny_config(attn_implementation)).train()  # dropout is 0: deterministic
-    model.bert.padding_free = padding_free
+    model = ScratchBertForPreTraining(tiny_config(attn_implementation, sparse_prediction=True)).train()  # dropout is 0: deterministic
+    model.config.padding_free = padding_free
     inputs, labels = mlm_batch()
     inputs["attention_mask"][2] = 0  # a fully padded row ...
     labels[2] = -100  # ... carries no MLM label
@@ -111,7 +111,7 @@ def test_training_loss_and_gradients_match_fp32(attn_implementation, padding_fre
 
 def test_bf16_weights_optimizer_step_stays_finite():
     torch.manual_seed(2)
-    model = ScratchBertForPreTraining(tiny_config()).to(torch.bfloat16).train()
+    model = ScratchBertForPreTraining(tiny_config(sparse_prediction=True)).to(torch.bfloat16).train()  # as pretraining runs
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     inputs, labels = mlm_batch()
     inputs["attention_mask"][1] = 0
@@ -131,7 +131,7 @@ def test_fully_padded_rows_give_no_nan(attn_implementation, padding_free):
     """An all-zero mask row: the padded path's softmax over all-masked keys is uniform, not NaN."""
     torch.manual_seed(3)
     model = ScratchBertModel(tiny_config(attn_implementation)).train()
-    model.padding_free = padding_free
+    model.config.padding_free = padding_free
     inputs = padded_inputs(lengths=(6, 0, 3, 0))
     for name, variant, context in bf16_variants(model):
         with context:

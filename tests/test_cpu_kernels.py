@@ -180,6 +180,27 @@ def test_the_bare_encoder_and_every_head_get_the_switch():
     assert CpuSelfAttention not in module_types(plain) and cpu_gemm.MeasuredLinear not in module_types(plain)
 
 
+def test_print_model_names_the_swapped_kernels():
+    fast, plain = repr(masked_lm()), repr(masked_lm(cpu_kernels=False))
+    assert "(self): CpuSelfAttention(" in fast and "(intermediate): CpuIntermediate(" in fast
+    assert "(query): MeasuredLinear(in_features=32, out_features=32, bias=True, kernel=measured (cpu_gemm.py))" in fast
+    assert "(query): Linear(in_features=32, out_features=32, bias=True)" in plain
+    assert not any(word in plain for word in ("Cpu", "Measured", "kernel="))
+
+
+def test_a_model_is_checked_and_swapped_once_when_built_whole(monkeypatch):
+    """A task model's encoder leaves both steps to the task model: one size check, one swap of every module."""
+    calls = []
+    monkeypatch.setattr(ScratchBertConfig, "validate_sizes", lambda self: calls.append("validate_sizes"))
+    swap = cpu_kernels.use_cpu_kernels
+    monkeypatch.setattr(cpu_kernels, "use_cpu_kernels", lambda model, enabled=True: calls.append(type(model).__name__) or swap(model, enabled))
+    for model_class in (ScratchBertModel, ScratchBertForMaskedLM):
+        calls.clear()
+        model = model_class(ScratchBertConfig(**FIELDS))
+        assert calls == ["validate_sizes", model_class.__name__]
+        assert nn.Linear not in module_types(model) and ScratchBertSelfAttention not in module_types(model)
+
+
 @pytest.mark.skipif(not cpu_gemm.ONEDNN, reason="this torch has no oneDNN")
 @pytest.mark.parametrize("padded", [True, False], ids=["padding-free path", "full batch"])
 def test_inference_with_fused_gelu_and_residual_equals_the_plain_model(monkeypatch, padded):

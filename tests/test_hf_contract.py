@@ -233,7 +233,7 @@ def test_set_attn_implementation_really_switches_through_the_registry(mlm_dir, c
     ours, theirs = pair(ScratchBertModel, BertModel, mlm_dir)
     inputs = batch()
     keep = inputs["attention_mask"].bool()
-    ours.padding_free = False  # the padded layout: one call per layer, as BertModel
+    ours.config.padding_free = False  # the padded layout: one call per layer, as BertModel
     for model in (ours, theirs):
         model.eval().set_attn_implementation("counting_test")
         assert model.config._attn_implementation == "counting_test"

@@ -183,7 +183,7 @@ def test_mean_pooling_classifier_reads_only_the_real_tokens(batch, pooling):
         alone = model(**{k: v[2:3, :3] for k, v in batch.items()}).logits
         torch.testing.assert_close(alone, logits[2:3], atol=1e-5, rtol=0)
         # and the padded path (vectors at padding) agrees with the padding-free one (zeros there)
-        model.bert.padding_free = False
+        model.config.padding_free = False
         torch.testing.assert_close(model(**batch).logits, logits, atol=1e-5, rtol=0)
     empty = torch.zeros(1, 4, 2)
     pool = {"mean": mean_pooling}[pooling]

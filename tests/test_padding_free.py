@@ -1,6 +1,6 @@
 """The padding-free path (scratchbert/bert_padding.py) and sparse MLM prediction.
 
-The padded path is the reference: with `model.bert.padding_free = False` the model runs the
+The padded path is the reference: with `model.config.padding_free = False` the model runs the
 plain (B, S, H) computation. The padding-free path must give the same hidden states at real
 positions and the same gradients (1e-5 in fp32), zeros at padded positions, and must not be
 used on batches without padding. Sparse MLM prediction must give the dense loss and gradients.
@@ -22,6 +22,7 @@ from scratchbert import (
     ScratchBertConfig,
     ScratchBertForMaskedLM,
     ScratchBertForPreTraining,
+    ScratchBertForQuestionAnswering,
     ScratchBertForSequenceClassification,
     ScratchBertModel,
 )
@@ -78,11 +79,11 @@ def call_cost(request, monkeypatch):
 
 def run_both(model: ScratchBertModel, inputs, **kwargs):
     """The same forward of a bare encoder on the padding-free path and on the padded path."""
-    model.padding_free = True
+    model.config.padding_free = True
     packed = model(**inputs, **kwargs)
-    model.padding_free = False
+    model.config.padding_free = False
     padded = model(**inputs, **kwargs)
-    model.padding_free = True
+    model.config.padding_free = True
     return packed, padded
 
 
@@ -143,7 +144,7 @@ def test_gradients_equal_the_padded_path(attn_implementation, call_cost):
 
     def gradients(padding_free: bool) -> dict[str, torch.Tensor]:
         model.zero_grad()
-        model.bert.padding_free = padding_free
+        model.config.padding_free = padding_free
         out = model(**inputs)
         hidden = model.bert(**inputs).last_hidden_state  # the same computation again, read at every layer's end
         loss = (hidden * weights)[keep].mean() + out.logits[rows].square().mean()
@@ -224,13 +225,13 @@ def test_recorded_hidden_states_are_the_padded_layouts_as_in_bert(monkeypatch):
     inputs = padded_inputs()
     with torch.no_grad():
         out = model(**inputs, output_hidden_states=True)
-        model.padding_free = False
+        model.config.padding_free = False
         reference = model(**inputs, output_hidden_states=True)
     assert calls == []
     assert len(out.hidden_states) == TINY["num_hidden_layers"] + 1
     for a, b in zip(out.hidden_states, reference.hidden_states):
         assert torch.equal(a, b)
-    model.padding_free = True
+    model.config.padding_free = True
     with torch.no_grad():
         model(**inputs)
     assert calls == [1]  # without recording, the same batch is packed
@@ -243,7 +244,7 @@ def test_output_attentions_falls_back_to_the_padded_path(monkeypatch):
     inputs = padded_inputs()
     with torch.no_grad():
         out = model(**inputs, output_attentions=True)
-        model.padding_free = False
+        model.config.padding_free = False
         reference = model(**inputs)
     assert calls == []
     assert len(out.attentions) == TINY["num_hidden_layers"]
@@ -261,6 +262,34 @@ def test_fully_padded_rows_are_zero_and_finite():
     assert torch.isfinite(out.last_hidden_state).all() and torch.isfinite(out.pooler_output).all()
     assert torch.all(out.last_hidden_state[1] == 0)
     assert torch.all(all_padding.last_hidden_state == 0) and torch.isfinite(all_padding.pooler_output).all()
+
+
+def test_question_answering_gives_the_padded_paths_spans_on_the_padding_free_path(monkeypatch):
+    """The span softmax reads every position, so padding gets the dtype's minimum on both layouts: the
+    logits at real positions, the loss and its gradients are the padded path's (1e-5), and the head packs."""
+    calls = count_packings(monkeypatch)
+    torch.manual_seed(11)
+    model = ScratchBertForQuestionAnswering(tiny_config())
+    inputs = padded_inputs()  # lengths 23, 17, 9, 4, 0, 23, 1
+    spans = dict(start_positions=torch.tensor([3, 0, 8, 2, 0, 30, 5]), end_positions=torch.tensor([5, 16, 8, 3, 0, 31, 0]))
+
+    def run(padding_free: bool):
+        model.config.padding_free = padding_free
+        model.zero_grad()
+        out = model(**inputs, **spans)
+        out.loss.backward()
+        return out, {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+    (packed, packed_grads), (padded, padded_grads) = run(True), run(False)
+    assert calls == [1]
+    keep = inputs["attention_mask"].bool()
+    for name in ("start_logits", "end_logits"):
+        assert_close(name, packed[name][keep], padded[name][keep])
+        assert torch.all(packed[name][~keep] == torch.finfo(torch.float32).min) and torch.equal(packed[name][~keep], padded[name][~keep])
+    assert torch.isfinite(packed.loss)
+    assert_close("loss", packed.loss, padded.loss)
+    for name in padded_grads:
+        assert_close(f"grad {name}", packed_grads[name], padded_grads[name])
 
 
 def test_training_mode_with_dropout_runs_and_backpropagates():
@@ -346,7 +375,7 @@ def test_labelled_tokens_picks_the_labelled_rows_in_order():
 
 def test_sparse_mlm_loss_and_gradients_equal_the_dense_computation():
     torch.manual_seed(8)
-    model = ScratchBertForPreTraining(tiny_config())
+    model = ScratchBertForPreTraining(tiny_config(sparse_prediction=True))
     inputs, labels = mlm_batch()
     nsp = torch.tensor([0, 1, 0, 1, 1])
 
@@ -369,7 +398,7 @@ def test_sparse_mlm_loss_and_gradients_equal_the_dense_computation():
 
 def test_masked_lm_sparse_loss_with_num_items_in_batch():
     torch.manual_seed(9)
-    model = ScratchBertForMaskedLM(tiny_config())
+    model = ScratchBertForMaskedLM(tiny_config(sparse_prediction=True))
     inputs, labels = mlm_batch(seed=1)
     model.train()
     sparse = model(**inputs, labels=labels, num_items_in_batch=torch.tensor(50))
@@ -379,7 +408,18 @@ def test_masked_lm_sparse_loss_with_num_items_in_batch():
     assert_close("loss", sparse.loss, dense.loss)
 
 
-def test_dense_logits_without_labels_even_in_training():
+def test_logits_are_berts_shape_in_every_mode_unless_the_config_asks_for_sparse_prediction(tmp_path):
+    """(B, S, V) as BertForMaskedLM, training with labels included; `sparse_prediction` is saved and
+    gives (N, V) only in training with labels: a reloaded model scores every position in eval mode."""
+    torch.manual_seed(10)
+    inputs, labels = mlm_batch()
+    dense_shape = (*inputs["input_ids"].shape, TINY["vocab_size"])
     model = ScratchBertForMaskedLM(tiny_config()).train()
-    inputs, _ = mlm_batch()
-    assert model(**inputs).logits.shape == (*inputs["input_ids"].shape, TINY["vocab_size"])
+    assert model(**inputs, labels=labels).logits.shape == dense_shape
+    model.config.sparse_prediction = True
+    model.save_pretrained(tmp_path)
+    reloaded = ScratchBertForMaskedLM.from_pretrained(tmp_path)
+    assert reloaded.config.sparse_prediction is True
+    assert reloaded.train()(**inputs).logits.shape == dense_shape  # no labels
+    assert reloaded(**inputs, labels=labels).logits.shape == (int((labels != -100).sum()), TINY["vocab_size"])
+    assert reloaded.eval()(**inputs, labels=labels).logits.shape == dense_shape
