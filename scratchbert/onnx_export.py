@@ -9,7 +9,7 @@ names) beside it. The graph takes `input_ids`, `attention_mask` and `token_type_
     feature-extraction        last_hidden_state (batch, sequence, H)   `ScratchBertModel`
     fill-mask                 logits (batch, sequence, V)              `ScratchBertForMaskedLM`
     sequence-classification   logits (batch, num_labels)               `ScratchBertForSequenceClassification`
-                              (any `classifier_pooling`: [CLS], or the mean or max of the real tokens)
+                              (any `classifier_pooling`: [CLS], or the mean of the real tokens)
 
 The graph records the padded computation: under an exporter the model leaves out everything
 it decides from the mask's values (`bert_padding.is_tracing`), so one graph is right for every
