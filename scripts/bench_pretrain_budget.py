@@ -57,8 +57,8 @@ from pathlib import Path
 import torch
 from labelled_sets import IMDB, SETS, cpu_name, have_scikit_learn, imdb_set, tfidf_scores, write_jsonl  # scripts/labelled_sets.py
 
-from scratchbert.training.finetuning import run as finetune_module
-from scratchbert.training.finetuning.run import FinetuneConfig
+from scratchbert.training.finetuning import config as finetune_config
+from scratchbert.training.finetuning.config import FinetuneConfig
 from scratchbert.training.pretraining.config import DEFAULT_VOCAB_SIZE, PretrainConfig
 from scratchbert.training.pretraining.run_log import finish_figure
 
@@ -234,10 +234,10 @@ FINETUNE_ARGS = (
 
 def command_defaults() -> dict:
     """What `finetune` chooses where the benchmark gives nothing: FinetuneConfig's field defaults and the
-    module's defaults by width (DEFAULT_*, *_BY_WIDTH). A run made before one of them changed is not
+    config module's defaults (DEFAULT_*, *_BY_WIDTH). A run made before one of them changed is not
     reused, so a table never mixes runs of old and new defaults under one name."""
     fields = {field.name: field.default for field in dataclasses.fields(FinetuneConfig) if field.default is not dataclasses.MISSING}
-    constants = {name: value for name, value in vars(finetune_module).items() if name.startswith("DEFAULT_") or name.endswith("_BY_WIDTH")}
+    constants = {name: value for name, value in vars(finetune_config).items() if name.startswith("DEFAULT_") or name.endswith("_BY_WIDTH")}
     return json.loads(json.dumps(fields | constants))  # as a saved record reads it back: tuples as lists
 
 
@@ -257,7 +257,7 @@ def finetune_scores(args, model_dir: Path, data: dict, seed: int, out: Path) -> 
     results = finetune_text_classification(
         str(model_dir), str(out), train_files=[str(labels_file(data, args.train_examples, seed, out))], **validation,
         test_files=[str(data["test"])], max_length=args.finetune_length, seed=seed,
-        show_progress=False, overwrite=True, logging_steps=10_000, **({"truncation": "head+tail"} | explicit),
+        progress_bar=False, overwrite=True, logging_steps=10_000, **({"truncation": "head+tail"} | explicit),
     )  # fmt: skip
     scores = {
         "accuracy": results["test"]["accuracy"], "macro_f1": results["test"]["macro_f1"], "collapsed": results["collapsed"] is not None,
@@ -368,7 +368,7 @@ def choose_mixed_precision(args, vocab_size: int) -> tuple[str, dict | None]:
     if args.reuse and saved.is_file():  # the table names the precision its pretraining ran in
         return json.loads(saved.read_text())["mixed_precision"], None
     run = PretrainConfig(preset=args.preset, **args.pretrain_options)
-    model_config = ScratchBertConfig(vocab_size=vocab_size, **run.model_kwargs())
+    model_config = ScratchBertConfig(vocab_size=vocab_size, sparse_prediction=True, **run.model_kwargs())
     rates = training_rates(lambda: run.new_model(model_config), args.batch_size, args.max_seq_length, run.mlm_probability)
     print(f"mixed precision: {', '.join(f'{name} {rate:,.0f}' for name, rate in rates.items())} tokens/s in a timed trial; "
           f"pretraining in {'bf16' if faster_precision(rates) == 'bf16' else 'fp32'}", flush=True)  # fmt: skip

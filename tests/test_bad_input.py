@@ -363,14 +363,16 @@ def test_a_full_disk_at_the_final_save_leaves_no_half_model(run_flags, tmp_path,
 
 def _signal_at_step(monkeypatch, signum: int, step: int) -> None:
     """The process gets `signum` right after optimizer step `step` (its checkpoint, if due, saved)."""
-    real_after_step = pretrain_module.after_step
+    real_long_phase_due = pretrain_module.Run.long_phase_due  # asked once a step, after its log, evaluation and checkpoint
+    signalled = []
 
-    def after_step_then_signal(run, *args):
-        real_after_step(run, *args)
-        if run.position.step == step:
+    def long_phase_due_then_signal(run):
+        if run.position.step == step and not signalled:
+            signalled.append(step)
             os.kill(os.getpid(), signum)
+        return real_long_phase_due(run)
 
-    monkeypatch.setattr(pretrain_module, "after_step", after_step_then_signal)
+    monkeypatch.setattr(pretrain_module.Run, "long_phase_due", long_phase_due_then_signal)
 
 
 @pytest.mark.usefixtures("fresh_accelerator_state")
@@ -444,13 +446,13 @@ def test_a_run_that_finishes_in_a_new_folder_while_another_prepares_its_data_is_
     """Two runs into one new folder, no --overwrite: the slower one, still preparing its data when the
     other finished there, must refuse the folder rather than overwrite the finished model."""
     output_dir = tmp_path / "new"
-    real_build_model = pretrain_module.build_model
+    real_new_model = PretrainConfig.new_model
 
-    def the_other_run_finishes_meanwhile(*args, **kwargs):
+    def the_other_run_finishes_meanwhile(config, model_config):
         shutil.copytree(finished_run, output_dir)  # made, written and let go by the other run
-        return real_build_model(*args, **kwargs)
+        return real_new_model(config, model_config)
 
-    monkeypatch.setattr(pretrain_module, "build_model", the_other_run_finishes_meanwhile)
+    monkeypatch.setattr(PretrainConfig, "new_model", the_other_run_finishes_meanwhile)
     err = one_line_error(capsys, pretrain_argv(run_flags, output_dir))
     assert f"--output-dir {output_dir} was empty when this run started, but another run has since written a run (checkpoints up to step-4)" in err
     assert snapshot(output_dir) == snapshot(finished_run)
@@ -493,16 +495,16 @@ def test_sigterm_to_a_two_process_launch_stops_every_rank_with_one_message(run_f
 # Another run finishes in the folder while this launch prepares its data (run by each process at start).
 FINISH_MEANWHILE = """
 import os, shutil
-from scratchbert.training import pretrain
+from scratchbert.training.pretraining.config import PretrainConfig
 
-real_build_model = pretrain.build_model
+real_new_model = PretrainConfig.new_model
 
-def the_other_run_finishes_meanwhile(*args, **kwargs):
+def the_other_run_finishes_meanwhile(config, model_config):
     if os.environ.get("RANK", "0") == "0":
         shutil.copytree(os.environ["FINISHED_RUN"], os.environ["OUTPUT_DIR"])
-    return real_build_model(*args, **kwargs)
+    return real_new_model(config, model_config)
 
-pretrain.build_model = the_other_run_finishes_meanwhile
+PretrainConfig.new_model = the_other_run_finishes_meanwhile
 """
 
 

@@ -37,7 +37,7 @@ from scratchbert.tokenization import load_tokenizer
 from scratchbert.training.config_file import add_config_arguments, config_from_args
 from scratchbert.training.pretraining import checkpoint as ckpt
 from scratchbert.training.pretraining import loop as pretrain_module
-from scratchbert.training.pretraining import precision, schedules
+from scratchbert.training.pretraining import precision, processes, schedules
 from scratchbert.training.pretraining.config import PRESETS, PretrainConfig
 from scratchbert.training.pretraining.loop import NonFiniteLossError, pretrain
 from scratchbert.training.run_folder import LOCK_FILE, OutputDirLock
@@ -144,7 +144,7 @@ def test_config_errors_are_clear(tmp_path):
         PretrainConfig.from_file(tmp_path / "missing.yaml")
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="fp16.*needs a GPU"):
-            pretrain_module.build_accelerator(PretrainConfig(mixed_precision="fp16"))
+            processes.build_accelerator(PretrainConfig(mixed_precision="fp16"))
 
 
 def test_no_weight_decay_on_biases_and_layernorm():
@@ -488,7 +488,7 @@ def test_fsdp_and_deepspeed_on_cpu_are_refused_not_turned_into_ddp(monkeypatch):
         with monkeypatch.context() as patch:
             patch.setenv(variable, "true")
             with pytest.raises(ValueError, match=f"{name} shards the model across GPUs.*DDP over gloo.*accelerate launch --multi_gpu --num_processes 2 -m scratchbert.commands.pretrain"):
-                pretrain_module.build_accelerator(PretrainConfig())
+                processes.build_accelerator(PretrainConfig())
 
 
 @pytest.mark.parametrize("rates, warned", [({"no": 39_500.0, "bf16": 31_000.0}, True), ({"no": 30_000.0, "bf16": 45_000.0}, False), (None, False)])
@@ -552,7 +552,7 @@ def test_the_precision_trial_times_the_vocabulary_the_model_will_have(tiny_confi
     trained one is asked for), and a bad --prepared-data folder is named before any trial runs."""
     from scratchbert.errors import ScratchBertError
     from scratchbert.training.pretraining.config import DEFAULT_VOCAB_SIZE
-    from scratchbert.training.pretraining.precision import trial_vocab_size
+    from scratchbert.training.pretraining.processes import trial_vocab_size
 
     given = len(load_tokenizer(tokenizer_dir))
     assert given != DEFAULT_VOCAB_SIZE
@@ -772,7 +772,7 @@ def test_auto_precision_that_fails_on_the_main_process_stops_every_rank_instead_
     """The main process decides `auto` and broadcasts it; when deciding fails (here a damaged checkpoint
     of the run to resume), the main process raises the error and the other ranks get it too."""
     from scratchbert.errors import ScratchBertError
-    from scratchbert.training.pretraining import precision as accelerator_module
+    from scratchbert.training.pretraining import processes as accelerator_module
 
     output_dir = tmp_path / "damaged"
     (output_dir / "checkpoints" / "step-2").mkdir(parents=True)

@@ -23,7 +23,6 @@ from conftest import TINY_GEOMETRY, kill_after_saving, saved_tokenizer
 from scratchbert.errors import ScratchBertError
 from scratchbert.training.config_file import add_config_arguments, config_from_args
 from scratchbert.training.pretraining import checkpoint as ckpt
-from scratchbert.training.pretraining import loop as pretrain_module
 from scratchbert.training.pretraining.config import RECIPES, PretrainConfig
 from scratchbert.training.pretraining.evaluation import plateau_report
 from scratchbert.training.pretraining.examples import build_packed_dataset, pack_token_stream, tokenize_documents
@@ -286,18 +285,18 @@ class FakeTime:
 
 def budget_run(config: PretrainConfig, fake: FakeTime):
     """pretrain(config) on the fake clock: each optimizer step (one forward) takes one second."""
-    real_build = pretrain_module.build_model
+    real_new_model = PretrainConfig.new_model
 
-    def build_and_hook(*args, **kwargs):
-        model = real_build(*args, **kwargs)
+    def build_and_hook(run_config, model_config):
+        model = real_new_model(run_config, model_config)
         model.register_forward_pre_hook(fake.tick, with_kwargs=True)
         return model
 
-    pretrain_module.build_model = build_and_hook
+    PretrainConfig.new_model = build_and_hook
     try:
         return pretrain(config, timer=fake)
     finally:
-        pretrain_module.build_model = real_build
+        PretrainConfig.new_model = real_new_model
 
 
 def test_budget_schedule_and_clock():

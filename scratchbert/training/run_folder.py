@@ -24,6 +24,7 @@ LOCK_FILE = ".scratchbert.lock"  # while a run writes in a folder: which process
 
 logger = logging.getLogger(__name__)
 
+
 class OutputDirLock:
     """One run at a time per output folder: an exclusive lock on the folder itself.
 
@@ -125,9 +126,11 @@ class OutputDirLock:
             os.close(self._fd)
             self._fd = None
 
+
 def folder_contents(path: Path) -> str | None:
     """What any command would replace in `path`: anything at all (None when it is empty or absent)."""
     return "files (it is not empty)" if path.is_dir() and any(path.iterdir()) else None
+
 
 def check_output_folder(path: str | Path, overwrite: bool, *, resume: bool | None = None, held=folder_contents) -> Path:
     """The one check of an `--output-dir` before a command writes there (pretrain, prepare-data, finetune).
@@ -155,6 +158,7 @@ def check_output_folder(path: str | Path, overwrite: bool, *, resume: bool | Non
         return path
     choices = "pass --resume to continue it, --overwrite to start over" if resume is not None else "pass --overwrite to replace it"
     raise ScratchBertError(f"--output-dir {path} already holds {contents}: {choices}, or choose another --output-dir.")
+
 
 def check_writable(path: Path) -> None:
     """Refuse a folder the command could not write, before any long work: the folder itself, or

@@ -56,8 +56,10 @@ DELETING_PREFIX = ".deleting-"
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
+
 def checkpoint_dir(output_dir: str | Path, step: int) -> Path:
     return Path(output_dir) / CHECKPOINTS / f"step-{step}"
+
 
 def list_checkpoints(output_dir: str | Path) -> list[tuple[int, Path]]:
     """Complete checkpoints as `(step, path)`, oldest first; temporary directories are skipped."""
@@ -70,6 +72,7 @@ def list_checkpoints(output_dir: str | Path) -> list[tuple[int, Path]]:
         if match and path.is_dir() and (path / STATE_FILE).is_file():
             found.append((int(match.group(1)), path))
     return sorted(found)
+
 
 def _fsync_dir(path: Path) -> None:
     """Make a rename inside `path` durable (a no-op where directories cannot be opened)."""
@@ -84,6 +87,7 @@ def _fsync_dir(path: Path) -> None:
     finally:
         os.close(fd)
 
+
 def write_json(path: Path, values: dict) -> None:
     """Write JSON and fsync it, so a checkpoint's state file is on disk before the rename."""
     with open(path, "w", encoding="utf-8") as handle:
@@ -91,6 +95,7 @@ def write_json(path: Path, values: dict) -> None:
         handle.write("\n")
         handle.flush()
         os.fsync(handle.fileno())
+
 
 def save_checkpoint(accelerator, output_dir: str | Path, step: int, trainer_state: dict, keep_last: int) -> Path:
     """Write `output_dir/checkpoints/step-<step>` atomically and keep only the last `keep_last`.
@@ -122,11 +127,13 @@ def save_checkpoint(accelerator, output_dir: str | Path, step: int, trainer_stat
     accelerator.wait_for_everyone()
     return final
 
+
 def _remove_leftovers(root: Path) -> None:
     """What a crash left: a checkpoint half written (`.tmp-*`) or half deleted (`.deleting-*`)."""
     for prefix in (TMP_PREFIX, DELETING_PREFIX):
         for stale in root.glob(f"{prefix}*"):
             shutil.rmtree(stale, ignore_errors=True)
+
 
 def _delete(checkpoint: Path) -> None:
     """Remove a checkpoint so that an interruption leaves it complete or gone: renamed out of the
@@ -135,6 +142,7 @@ def _delete(checkpoint: Path) -> None:
     checkpoint.rename(doomed)
     _fsync_dir(checkpoint.parent)
     shutil.rmtree(doomed, ignore_errors=True)
+
 
 def _write_or_stop(accelerator, tmp: Path, trainer_state: dict, final: Path) -> None:
     """Every process writes its part into `tmp`; if the disk refused any part, all stop together.
@@ -165,15 +173,18 @@ def _write_or_stop(accelerator, tmp: Path, trainer_state: dict, final: Path) -> 
         every_process=True,
     )
 
+
 def agreed_refusal(accelerator, refused: str | None) -> str | None:
     """The first process's reason to stop (None when none has one), known to every process: a
     gather, so it is also a barrier, and a process that failed to write cannot leave the others waiting."""
     refusals = gather_object([refused]) if accelerator.num_processes > 1 else [refused]
     return next((why for why in refusals if why), None)
 
+
 class _DropTiedWeightNotice(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         return "Removed shared tensor" not in record.getMessage()
+
 
 @contextlib.contextmanager
 def _quiet_about_tied_weights():
@@ -187,6 +198,7 @@ def _quiet_about_tied_weights():
         yield
     finally:
         logger.removeFilter(notice_filter)
+
 
 def read_trainer_state(path: str | Path) -> dict:
     """The `trainer_state.json` of a checkpoint; a clear error if the checkpoint is damaged."""
@@ -202,6 +214,7 @@ def read_trainer_state(path: str | Path) -> dict:
     if missing:
         raise ScratchBertError(f"{state_file} lacks {', '.join(missing)}: it was not written by scratchbert pretrain.")
     return state
+
 
 def damage(path: str | Path) -> str | None:
     """What is wrong with checkpoint `path`'s files (a cut or half-copied one), or None when each reads whole.
@@ -222,6 +235,7 @@ def damage(path: str | Path) -> str | None:
         except Exception as error:  # safetensors' errors have no base class of their own
             return f"{file.name}: {str(error).splitlines()[0]}"
     return None
+
 
 def resumable_checkpoint(output_dir: str | Path) -> Path | None:
     """The newest checkpoint, once its files are known to read whole; None when there is none.
@@ -245,6 +259,7 @@ def resumable_checkpoint(output_dir: str | Path) -> Path | None:
     )
     raise CorruptCheckpointError(f"the newest checkpoint {latest} is damaged ({problem}), so --resume cannot continue from it: {fix}.")
 
+
 def config_differences(saved: dict, current: dict) -> list[str]:
     """Options whose change would make a resumed run differ from the run that wrote the checkpoint."""
     saved = PretrainConfig.from_dict(saved).to_dict()  # resolved as the run was: an option it lacks reads as its default
@@ -254,6 +269,7 @@ def config_differences(saved: dict, current: dict) -> list[str]:
         for name in names
         if saved.get(name) != current.get(name)
     ]
+
 
 def check_compatible(path: str | Path, current_config: dict) -> dict:
     """Read a checkpoint's state and raise a ValueError if `current_config` cannot continue it."""
@@ -267,6 +283,7 @@ def check_compatible(path: str | Path, current_config: dict) -> dict:
         )
     return state
 
+
 def load_checkpoint(accelerator, path: str | Path) -> dict:
     """Restore model, optimizer, scheduler, sampler and RNG streams; return the trainer state."""
     state = read_trainer_state(path)
@@ -276,6 +293,7 @@ def load_checkpoint(accelerator, path: str | Path) -> dict:
 # ---------------------------------------------------------------------------------------------
 # A pretraining run's output folder: checked before the run starts, written once its inputs are good.
 # ---------------------------------------------------------------------------------------------
+
 
 LOG_FILE = "train_log.jsonl"
 
@@ -288,6 +306,7 @@ RUN_CONFIG_FILE = "pretrain_config.json"
 # What a finished run leaves in its folder besides checkpoints/ (the model, its tokenizer, the record).
 FINAL_FILES = ("config.json", "model.safetensors", "pytorch_model.bin", "generation_config.json", LOG_FILE, CURVES_FILE)
 
+
 def run_contents(path: Path) -> str | None:
     """What a pretraining run would replace in `path`: a run's checkpoints, configuration or finished model."""
     existing = list_checkpoints(path)
@@ -296,6 +315,7 @@ def run_contents(path: Path) -> str | None:
     if any((path / name).exists() for name in (RUN_CONFIG_FILE, "config.json", "model.safetensors")):
         return "a run (a saved model or a run's configuration)"
     return None
+
 
 def check_output_dir(config: PretrainConfig) -> dict | None:
     """Decide between a fresh start and a resumption; return the checkpoint's state to resume from.
@@ -312,6 +332,7 @@ def check_output_dir(config: PretrainConfig) -> dict | None:
     state = check_compatible(latest, config.to_dict())
     state["path"] = str(latest)
     return state
+
 
 def prepare_output_dir(config: PretrainConfig, accelerator: Accelerator, tokenizer, fresh_start: bool, lock: OutputDirLock) -> None:
     """Make the folder ready for the run, once its inputs are known to be good (main process writes).
@@ -339,6 +360,7 @@ def prepare_output_dir(config: PretrainConfig, accelerator: Accelerator, tokeniz
             raise ScratchBertError(f"the disk of --output-dir {output_dir} is full ({error.strerror}): free some space and run again.") from None
     accelerator.wait_for_everyone()
 
+
 def taken_meanwhile(output_dir: Path, lock: OutputDirLock) -> str | None:
     """Why a folder that was absent when this run checked it may not be written now: another run's
     checkpoints, configuration or model appeared there while this one prepared its data."""
@@ -351,6 +373,7 @@ def taken_meanwhile(output_dir: Path, lock: OutputDirLock) -> str | None:
         f"--output-dir {output_dir} was empty when this run started, but another run has since written {contents} there: "
         "nothing was changed. Pass --resume to continue it, --overwrite to replace it, or choose another --output-dir."
     )
+
 
 def save_final_model(accelerator: Accelerator, model, tokenizer, output_dir: Path, finetune_dropout: float) -> None:
     """`save_pretrained` of model (safetensors + config.json) and tokenizer into `output_dir`.
@@ -366,6 +389,7 @@ def save_final_model(accelerator: Accelerator, model, tokenizer, output_dir: Pat
     if accelerator.is_fsdp2 and accelerator.is_main_process:  # the gathered weights in scratchbert's own class (sharding.py)
         unwrapped, state_dict = unsharded_copy(unwrapped, state_dict), None
     unwrapped.config.hidden_dropout_prob = unwrapped.config.attention_probs_dropout_prob = finetune_dropout
+    unwrapped.config.sparse_prediction = False  # whoever loads it gets BertForMaskedLM's (B, S, V) logits in every mode
     refused = None
     try:
         unwrapped.save_pretrained(output_dir, is_main_process=accelerator.is_main_process, save_function=accelerator.save, state_dict=state_dict)
@@ -378,6 +402,7 @@ def save_final_model(accelerator: Accelerator, model, tokenizer, output_dir: Pat
     refused = agreed_refusal(accelerator, refused)
     if refused is not None:
         _refuse_half_saved_model(accelerator, output_dir, refused)
+
 
 def _refuse_half_saved_model(accelerator: Accelerator, output_dir: Path, refused: str) -> None:
     """Remove what a save the disk cut short wrote of the final model, and say so on every process."""

@@ -43,6 +43,7 @@ from scratchbert.configuration_scratchbert import ScratchBertConfig
 from scratchbert.errors import ScratchBertError
 from scratchbert.modeling_scratchbert import ScratchBertForMaskedLM, ScratchBertForPreTraining
 from scratchbert.training.config_file import ConfigFile
+from scratchbert.training.pretraining.examples import check_max_seq_length
 
 # (num_hidden_layers, hidden_size); heads and feed-forward width follow BERT's ratios.
 PRESETS: dict[str, tuple[int, int]] = {
@@ -99,6 +100,7 @@ PRESET_LEARNING_RATES: dict[tuple[str, str], float] = {("packed", "tiny"): 2e-3}
 
 DEFAULT_MAX_STEPS = 4000  # without --time-budget: the demo's length (DOCS)
 
+
 def preset_geometry(name: str) -> dict[str, int]:
     """The model sizes of a preset: `{"num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size"}`."""
     if name not in PRESETS:
@@ -106,9 +108,11 @@ def preset_geometry(name: str) -> dict[str, int]:
     layers, hidden = PRESETS[name]
     return {"num_hidden_layers": layers, "hidden_size": hidden, **_derived_sizes(hidden)}
 
+
 def _derived_sizes(hidden: int) -> dict[str, int]:
     """BERT's ratios: 64-dimensional heads, a feed-forward layer 4 times as wide."""
     return {"num_attention_heads": max(1, hidden // HEAD_DIM), "intermediate_size": 4 * hidden}
+
 
 def recipe_values(recipe: str, preset: str) -> dict:
     """The options `recipe` decides, for a model of size `preset`."""
@@ -119,9 +123,11 @@ def recipe_values(recipe: str, preset: str) -> dict:
         values["learning_rate"] = PRESET_LEARNING_RATES[(recipe, preset)]
     return values
 
+
 def _resumable(help_text: str, **metadata) -> dict:
     """Field metadata of an option that may change when a run is resumed (bookkeeping, not the weights' path)."""
     return {"help": help_text, "resumable": True, **metadata}
+
 
 @dataclass
 class ModelArguments:
@@ -153,6 +159,7 @@ class ModelArguments:
         metadata=_resumable(f"vocabulary size: of the tokenizer trained for this run (default {DEFAULT_VOCAB_SIZE}); with --tokenizer it must match"),
     )
     lowercase: bool = field(default=True, metadata=_resumable("lowercase text (for a tokenizer trained for this run)"))
+
 
 @dataclass
 class DataArguments:
@@ -212,6 +219,7 @@ class DataArguments:
             "the examples are the same for any number"
         ),
     )
+
 
 @dataclass
 class TrainingArguments:
@@ -275,6 +283,7 @@ class TrainingArguments:
     overwrite: bool = field(default=False, metadata=_resumable("start over even if output_dir holds checkpoints"))
     report_to: str = field(default="auto", metadata=_resumable("trackers: auto (TensorBoard when installed), none, or names"))
     progress_bar: bool = field(default=True, metadata=_resumable("show a tqdm bar on the main process"))
+
 
 @dataclass
 class PretrainConfig(TrainingArguments, DataArguments, ModelArguments, ConfigFile):
@@ -403,6 +412,7 @@ class PretrainConfig(TrainingArguments, DataArguments, ModelArguments, ConfigFil
     def upgrade(cls, values: dict) -> dict:
         return upgrade_saved_config(values)
 
+
 # A save without `config_version` (version 1) held every option but these, and trained the
 # paper's recipe (MLM + NSP on sentence pairs); the others it lacks read as their defaults.
 _NOT_IN_VERSION_1 = frozenset({
@@ -423,12 +433,14 @@ REMOVED_OPTIONS = {
 
 REMOVED_AT = "9a075dd"  # the last commit that has them
 
+
 def resumable_options() -> frozenset[str]:
     """Options that may change when a run is resumed: they affect bookkeeping, not the sequence of weights.
 
     (The tokenizer of a resumed run is the one saved in output_dir, so its options no longer matter.)
     """
     return frozenset(f.name for f in dataclasses.fields(PretrainConfig) if f.metadata.get("resumable"))
+
 
 def upgrade_saved_config(values: dict) -> dict:
     """A saved or hand-written configuration in today's terms (without its `config_version`).
@@ -458,17 +470,6 @@ def upgrade_saved_config(values: dict) -> dict:
         values.setdefault("recipe", VERSION_1_RECIPE)
     return values
 
-# The smallest example holds one token of A and one of B besides the special tokens.
-NUM_SPECIAL_TOKENS = 3  # [CLS] A [SEP] B [SEP]
-MIN_MAX_SEQ_LENGTH = NUM_SPECIAL_TOKENS + 2
-
-def check_max_seq_length(max_seq_length) -> None:
-    """The one lower bound on example length, for every recipe (sentence pairs need the most room)."""
-    if isinstance(max_seq_length, bool) or not isinstance(max_seq_length, int) or max_seq_length < MIN_MAX_SEQ_LENGTH:
-        raise ScratchBertError(
-            f"max_seq_length={max_seq_length!r} is too small: [CLS] A [SEP] B [SEP] needs {NUM_SPECIAL_TOKENS} special "
-            f"tokens plus at least one token each for A and B; use max_seq_length >= {MIN_MAX_SEQ_LENGTH} (BERT uses 128 and 512)"
-        )
 
 def available_cores() -> int:
     """The CPU cores this process may run on: its affinity mask, which containers and `taskset` narrow."""

@@ -27,13 +27,15 @@ from scratchbert.training.pretraining import global_batch, streaming
 from scratchbert.training.pretraining.config import DEFAULT_VOCAB_SIZE, PretrainConfig
 from scratchbert.training.pretraining.evaluation import EVAL_MLM_PROBABILITY
 from scratchbert.training.pretraining.examples import build_packed_dataset, build_pretraining_dataset, tokenize_documents
-from scratchbert.training.pretraining.masking import MODEL_INPUTS, DataCollatorForPretraining, IndexedDataset, SeededCollator
+from scratchbert.training.pretraining.masking import MLM_INPUTS, MODEL_INPUTS, DataCollatorForPretraining, IndexedDataset, SeededCollator
 
 TOKENIZER_DIR = "tokenizer"  # the run's own tokenizer, in its output folder
+
 
 def _show_progress(config: PretrainConfig) -> bool:
     """datasets' bars: with --progress-bar, on one process per machine (the others read its cache)."""
     return config.progress_bar and PartialState().is_local_main_process
+
 
 def load_corpus(config: PretrainConfig) -> Sequence[str] | datasets.IterableDataset:
     """The run's documents: --train-files, --dataset, or the embedded default corpus.
@@ -55,10 +57,11 @@ def load_corpus(config: PretrainConfig) -> Sequence[str] | datasets.IterableData
         plain_text = config.train_files and {ingestion.format_of(f) for f in ingestion.expand_files(config.train_files)} == {"text"}
         documents = (dataset if plain_text else _with_text(dataset))["text"]  # text files' documents are never blank
     else:
-        documents = [doc for doc in ingestion.default_corpus_documents() if doc.strip()]
+        documents = list(filter(str.strip, ingestion.default_corpus_documents()))
     if not len(documents):
         raise ScratchBertError("the training corpus holds no text: check --train-files / --dataset.")
     return documents
+
 
 def _with_text(dataset: datasets.Dataset) -> datasets.Dataset:
     """The rows whose text is more than whitespace (a table may hold blank ones), found by Arrow compute."""
@@ -70,6 +73,7 @@ def _with_text(dataset: datasets.Dataset) -> datasets.Dataset:
         keep.extend((pc.indices_nonzero(has_text).to_numpy() + offset).tolist())
         offset += len(batch)
     return dataset if len(keep) == len(dataset) else dataset.select(keep)
+
 
 def split_documents(documents: Sequence[str], eval_fraction: float, seed: int) -> tuple[Sequence[str], Sequence[str]]:
     """Hold out whole documents (never halves of one) for evaluation, chosen by a seeded shuffle.
@@ -91,6 +95,7 @@ def split_documents(documents: Sequence[str], eval_fraction: float, seed: int) -
         source, column = documents.source, documents.column_name
         return source.select(kept)[column], source.select(held_out)[column]
     return [documents[i] for i in kept], [documents[i] for i in held_out]
+
 
 def load_or_train_tokenizer(config: PretrainConfig, accelerator: Accelerator, resuming: bool, texts):
     """The run's tokenizer: the run's own copy when resuming; `--tokenizer`; or one trained on `texts()`.
@@ -122,6 +127,7 @@ def load_or_train_tokenizer(config: PretrainConfig, accelerator: Accelerator, re
         shutil.rmtree(handover)
     return tokenizer
 
+
 def build_data(config: PretrainConfig, accelerator: Accelerator, resuming: bool = False):
     """(tokenizer, training examples, held-out examples, --long-phase examples or None) from the corpus.
 
@@ -140,6 +146,7 @@ def build_data(config: PretrainConfig, accelerator: Accelerator, resuming: bool 
     long_dataset = build_long_dataset(config, tokenizer, train_docs, accelerator) if config.long_phase else None
     return tokenizer, train_dataset, eval_dataset, long_dataset
 
+
 def build_long_dataset(config: PretrainConfig, tokenizer, train_docs, accelerator: Accelerator):
     """--long-phase: the training documents' examples at --long-seq-length (the tokens come from the cache)."""
     long_length = config.long_seq_length or config.max_position_embeddings
@@ -149,6 +156,7 @@ def build_long_dataset(config: PretrainConfig, tokenizer, train_docs, accelerato
     if len(dataset) == 0:
         raise ScratchBertError(f"--long-phase: the training text gives no example of {long_length} tokens. Lower --long-seq-length or add text.")
     return dataset
+
 
 def check_vocabulary(tokenizer, model_config) -> None:
     """The tokenizer's ids must index the model's embedding table one to one."""
@@ -162,6 +170,7 @@ def check_vocabulary(tokenizer, model_config) -> None:
         raise ScratchBertError(
             f"the tokenizer's [PAD] id is {tokenizer.pad_token_id} but the model's pad_token_id is {model_config.pad_token_id}."
         )
+
 
 def build_datasets(config: PretrainConfig, tokenizer, train_docs: Sequence[str], eval_docs: Sequence[str]):
     """Example datasets for training and evaluation (`datasets.Dataset`s), as `config.packing` says.
@@ -184,6 +193,7 @@ def build_datasets(config: PretrainConfig, tokenizer, train_docs: Sequence[str],
     with progress_bars(_show_progress(config)):
         return _build_datasets(config, tokenizer, train_docs, eval_docs)
 
+
 def _examples(config: PretrainConfig, tokenizer, documents, seed: int, max_seq_length: int | None = None):
     """The recipe's examples from documents (text or tokenized; a Dataset or a stream), of --max-seq-length tokens or `max_seq_length`."""
     length = max_seq_length or config.max_seq_length
@@ -191,6 +201,7 @@ def _examples(config: PretrainConfig, tokenizer, documents, seed: int, max_seq_l
         return build_packed_dataset(documents, tokenizer, max_seq_length=length, num_proc=config.num_proc)
     pairing = {"max_seq_length": length, "short_seq_prob": config.short_seq_prob, "num_proc": config.num_proc}
     return build_pretraining_dataset(documents, tokenizer, seed=seed, nsp_probability=0.5 if config.nsp else 0.0, **pairing)
+
 
 def _build_datasets(config: PretrainConfig, tokenizer, train_docs, eval_docs):
     examples = functools.partial(_examples, config, tokenizer)
@@ -202,7 +213,9 @@ def _build_datasets(config: PretrainConfig, tokenizer, train_docs, eval_docs):
         # Packing runs a document's sentences together: it needs no sentence splitter.
         tokenized = tokenize_documents(docs, tokenizer, num_proc=config.num_proc, sentences=config.packing != "full-sentences")
         try:
-            dataset = datasets.concatenate_datasets([examples(tokenized, seed + copy) for copy in range(copies)])
+            dataset = examples(tokenized, seed)
+            if copies > 1:  # --dupe-factor: more pairings of the same documents, each of its own seed
+                dataset = datasets.concatenate_datasets([dataset, *(examples(tokenized, seed + copy) for copy in range(1, copies))])
         except ValueError as err:
             raise ScratchBertError(f"the {name} split ({len(docs)} documents): {err}") from None
         if len(dataset) == 0:
@@ -219,6 +232,7 @@ def _build_datasets(config: PretrainConfig, tokenizer, train_docs, eval_docs):
         eval_dataset = eval_dataset.select([int(i * step) for i in range(config.max_eval_examples)])
     return train_dataset, eval_dataset
 
+
 def build_stream_datasets(config: PretrainConfig, tokenizer, train_docs: datasets.IterableDataset, eval_docs: datasets.IterableDataset):
     """--streaming: the training examples as a stream, and a fixed held-out set read from the start of its stream.
 
@@ -228,6 +242,7 @@ def build_stream_datasets(config: PretrainConfig, tokenizer, train_docs: dataset
     with progress_bars(_show_progress(config)):
         eval_dataset = streaming.materialize(_examples(config, tokenizer, eval_docs, config.seed + 10_000), config.max_eval_examples or None, "held-out")
     return _examples(config, tokenizer, train_docs, config.seed), eval_dataset
+
 
 class EpochPermutation(torch.utils.data.Sampler[int]):
     """Every example at most once an epoch, in an order drawn from (seed, epoch): `set_epoch` before each.
@@ -260,6 +275,7 @@ class EpochPermutation(torch.utils.data.Sampler[int]):
         for start in range(0, len(order), self.CHUNK):
             yield from order[start : start + self.CHUNK].tolist()
 
+
 def _collate(config: PretrainConfig, tokenizer, seed: int, evaluation: bool = False) -> SeededCollator:
     # Evaluation masks at BERT's 15% with BERT's 80/10/10 whatever the training recipe: every
     # evaluation, and every recipe, is scored on the same kind of task.
@@ -269,8 +285,9 @@ def _collate(config: PretrainConfig, tokenizer, seed: int, evaluation: bool = Fa
         masking = {name: getattr(config, name) for name in ("mlm_probability", "mask_replace_prob", "random_replace_prob")}
     collator = DataCollatorForPretraining(tokenizer, whole_word_mask=config.whole_word_mask, **masking)
     # Without NSP the model takes no next_sentence_label (sentence pairs still carry one).
-    inputs = MODEL_INPUTS if config.nsp else tuple(name for name in MODEL_INPUTS if name != "next_sentence_label")
+    inputs = MODEL_INPUTS if config.nsp else MLM_INPUTS
     return SeededCollator(collator, seed, model_inputs=inputs)
+
 
 def _shuffled_loader(config: PretrainConfig, dataset: datasets.Dataset, collate: SeededCollator, batch_size: int, seed: int, num_processes: int) -> DataLoader:
     step_examples = global_batch.examples_per_step(batch_size, config.gradient_accumulation_steps, num_processes)
@@ -292,6 +309,7 @@ def _shuffled_loader(config: PretrainConfig, dataset: datasets.Dataset, collate:
         generator=torch.Generator().manual_seed(seed),
     )
 
+
 def make_dataloaders(config: PretrainConfig, tokenizer, train_dataset, eval_dataset, accelerator: Accelerator | None = None):
     train_collate = _collate(config, tokenizer, config.seed)
     eval_collate = _collate(config, tokenizer, config.seed + 1, evaluation=True)
@@ -312,12 +330,14 @@ def make_dataloaders(config: PretrainConfig, tokenizer, train_dataset, eval_data
     )
     return train_loader, eval_loader, train_collate
 
+
 def make_long_loader(config: PretrainConfig, tokenizer, long_dataset: datasets.Dataset, num_processes: int = 1) -> tuple[DataLoader, SeededCollator]:
     """--long-phase: batches of long examples, about the tokens of a regular batch (BERT kept 256 examples of 512)."""
     long_length = config.long_seq_length or config.max_position_embeddings
     batch_size = max(1, config.batch_size * config.max_seq_length // long_length)
     collate = _collate(config, tokenizer, config.seed + 2)
     return _shuffled_loader(config, long_dataset, collate, batch_size, config.seed + 2, num_processes), collate
+
 
 @contextlib.contextmanager
 def progress_bars(enabled: bool) -> Iterator[None]:

@@ -28,6 +28,7 @@ EVAL_MLM_PROBABILITY = 0.15  # held-out MLM accuracy is always measured at BERT'
 # The per-example columns that `_per_example_counts` returns, in order.
 COUNTS = ("mlm_loss_sum", "masked", "mlm_correct", "nsp_correct", "examples", "shown")
 
+
 @torch.no_grad()
 def evaluate(model, eval_loader, accelerator: Accelerator, mask_token_id: int | None = None) -> dict:
     """MLM loss / accuracy / perplexity, and NSP accuracy when the model has NSP, over the held-out split.
@@ -75,9 +76,11 @@ def evaluate(model, eval_loader, accelerator: Accelerator, mask_token_id: int | 
         metrics["nsp_accuracy"] = total["nsp_correct"] / max(total["examples"], 1.0)
     return metrics
 
+
 # How far above the context-free guess held-out MLM accuracy must be to count as reading context
 # (accuracy points): the plateau runs measured sat within 0.003 of it (docs/pretraining.md).
 PLATEAU_MARGIN = 0.02
+
 
 def plateau_report(metrics: dict) -> str | None:
     """A warning when held-out evaluation says the model has not learned to read context yet, else None.
@@ -96,6 +99,7 @@ def plateau_report(metrics: dict) -> str | None:
         "smaller model (--preset) or vocabulary (--vocab-size), which the same time trains for more steps."
     )
 
+
 def _per_example_counts(labels, logits, targets, nsp_logits, nsp_labels, input_ids) -> torch.Tensor:
     """(B, len(COUNTS)) per example, the columns of `COUNTS`. `shown`: scored positions whose input is the target itself."""
     masked = labels != IGNORE_INDEX  # (B, S)
@@ -110,6 +114,7 @@ def _per_example_counts(labels, logits, targets, nsp_logits, nsp_labels, input_i
     ]  # fmt: skip
     return torch.stack(columns, dim=1)  # (B, len(COUNTS))
 
+
 def weight_checksum(model: torch.nn.Module) -> float:
     """A number that differs when any weight differs (to confirm all processes agree)."""
     total = torch.zeros((), dtype=torch.float64)
@@ -119,13 +124,16 @@ def weight_checksum(model: torch.nn.Module) -> float:
         total += (parameter.detach().double().cpu().flatten() * (1.0 + 1e-3 * index)).sum()
     return total.item()
 
+
 def _whole_word(tokens: list[str], i: int) -> bool:
     """tokens[i] is a word of three letters or more that the vocabulary holds whole (no ## piece follows)."""
     return tokens[i].isalpha() and len(tokens[i]) >= 3 and not tokens[i + 1].startswith("##")
 
+
 def _starts_a_word(tokens: list[str], i: int) -> bool:
     """tokens[i] begins a word: a letter or digit, neither a ## piece nor right after an apostrophe."""
     return tokens[i][:1].isalnum() and not tokens[i].startswith("##") and tokens[i - 1] not in ("'", "’")
+
 
 def held_out_passages(dataset, tokenizer, count: int = 4, seed: int = 0, context: int = 10) -> list[tuple[str, str]]:
     """`count` passages of held-out text with one whole word hidden: (text with [MASK], the word).

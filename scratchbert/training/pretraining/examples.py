@@ -43,11 +43,24 @@ from datasets.arrow_dataset import Column
 from datasets.fingerprint import Hasher
 
 from scratchbert.errors import ScratchBertError
-from scratchbert.training.pretraining.config import NUM_SPECIAL_TOKENS, check_max_seq_length
 
 logger = logging.getLogger(__name__)
 
 # [CLS] A [SEP] B [SEP]: three positions of every example are special tokens.
+
+# The smallest example holds one token of A and one of B besides the special tokens.
+NUM_SPECIAL_TOKENS = 3  # [CLS] A [SEP] B [SEP]
+MIN_MAX_SEQ_LENGTH = NUM_SPECIAL_TOKENS + 2
+
+
+def check_max_seq_length(max_seq_length) -> None:
+    """The one lower bound on example length, for every recipe (sentence pairs need the most room)."""
+    if isinstance(max_seq_length, bool) or not isinstance(max_seq_length, int) or max_seq_length < MIN_MAX_SEQ_LENGTH:
+        raise ScratchBertError(
+            f"max_seq_length={max_seq_length!r} is too small: [CLS] A [SEP] B [SEP] needs {NUM_SPECIAL_TOKENS} special "
+            f"tokens plus at least one token each for A and B; use max_seq_length >= {MIN_MAX_SEQ_LENGTH} (BERT uses 128 and 512)"
+        )
+
 
 PRETRAINING_FEATURES = datasets.Features(
     {
@@ -64,6 +77,7 @@ TokenIds = list[int]
 
 Documents = Sequence[str] | datasets.Dataset | datasets.IterableDataset
 
+
 def _worker_processes(num_proc: int | None, num_documents: int, batch_size: int) -> int | None:
     """`num_proc` for a `map` over `num_documents`: None (this process) unless each worker gets a whole batch.
 
@@ -73,6 +87,7 @@ def _worker_processes(num_proc: int | None, num_documents: int, batch_size: int)
     workers = min(num_proc or 1, -(-num_documents // batch_size))
     return workers if workers > 1 else None
 
+
 # A Latin-script sentence ends with ., !, ?, or … (runs such as "?!" or "..." too), maybe
 # followed by closing quotes or brackets, and then a space. Full-width CJK terminators
 # end a sentence with or without a following space.
@@ -80,6 +95,7 @@ _SENTENCE_END = re.compile(r"(?P<latin>[.!?…]+[\"'”’»)\]]*)(?= )|(?P<cjk>
 
 # Abbreviations that end in a period but almost never end a sentence.
 _ABBREVIATIONS = frozenset({"mr", "mrs", "ms", "dr", "prof", "sr", "jr", "st", "vs", "cf", "al", "fig", "approx"})
+
 
 def split_sentences(text: str) -> list[str]:
     """Split one document into sentences, with simple rules and no dependencies.
@@ -108,6 +124,7 @@ def split_sentences(text: str) -> list[str]:
         sentences.extend(_split_paragraph(paragraph))
     return sentences
 
+
 def _paragraphs(text: str) -> Iterator[str]:
     lines: list[str] = []
     for line in text.splitlines():
@@ -118,6 +135,7 @@ def _paragraphs(text: str) -> Iterator[str]:
             lines = []
     if lines:
         yield " ".join(" ".join(lines).split())
+
 
 def _split_paragraph(paragraph: str) -> list[str]:
     sentences, start = [], 0
@@ -133,6 +151,7 @@ def _split_paragraph(paragraph: str) -> list[str]:
         sentences.append(rest)
     return sentences
 
+
 def _is_latin_sentence_end(paragraph: str, match: re.Match) -> bool:
     next_char = paragraph[match.end() + 1 : match.end() + 2]  # the pattern guarantees a space, then text
     if next_char.islower():
@@ -145,6 +164,7 @@ def _is_latin_sentence_end(paragraph: str, match: re.Match) -> bool:
     if len(word) == 1 and word.isupper():  # an initial: "J. Smith"
         return False
     return re.fullmatch(r"(?:\w\.)+\w", word) is None  # "e.g", "U.S": dotted abbreviations
+
 
 def _token_ids(texts: list[str], tokenizer) -> list[TokenIds]:
     """WordPiece ids of each text, no special tokens: the Rust tokenizer's own batch call when there is one.
@@ -163,6 +183,7 @@ def _token_ids(texts: list[str], tokenizer) -> list[TokenIds]:
         return [encoding.ids for encoding in backend.encode_batch_fast(texts, add_special_tokens=False)]
     return tokenizer(texts, add_special_tokens=False, return_attention_mask=False, return_token_type_ids=False, verbose=False)["input_ids"]
 
+
 def _tokenize_batch(batch: dict, tokenizer, sentences: bool = True) -> dict:
     """{"text": [document]} -> {"sentences": [[token ids of each sentence]]}, dropping empty sentences.
 
@@ -179,6 +200,7 @@ def _tokenize_batch(batch: dict, tokenizer, sentences: bool = True) -> dict:
         grouped.append([sentence_ids for sentence_ids in ids[position : position + len(document_sentences)] if sentence_ids])
         position += len(document_sentences)
     return {"sentences": grouped}
+
 
 def tokenize_documents(
     documents: Documents,
@@ -236,6 +258,7 @@ def tokenize_documents(
         **map_kwargs,
     )
 
+
 def _tokenized(documents: Documents, tokenizer, num_proc: int | None, batch_size: int, sentences: bool = True):
     """`documents` as `tokenize_documents` returns them: already so (a "sentences" column), or tokenized now."""
     columns = getattr(documents, "column_names", None) or []
@@ -243,10 +266,12 @@ def _tokenized(documents: Documents, tokenizer, num_proc: int | None, batch_size
         return documents
     return tokenize_documents(documents, tokenizer, num_proc=num_proc, batch_size=batch_size, sentences=sentences)
 
+
 def _code_fingerprint() -> str:
     """A hash of this file's source, part of every cache key: editing the splitter or the
     pairing code must not reuse results cached by the old code."""
     return Hasher.hash(Path(__file__).read_bytes())
+
 
 def _tokenizer_fingerprint(tokenizer) -> str:
     """A cache key for a tokenizer that is cheap to compute (pickling the whole tokenizer,
@@ -258,6 +283,7 @@ def _tokenizer_fingerprint(tokenizer) -> str:
     state.pop("truncation", None)  # call-time settings, not part of what the tokenizer produces
     state.pop("padding", None)
     return Hasher.hash(type(tokenizer).__name__ + json.dumps(state, sort_keys=True))  # one string hashes fast
+
 
 def cut_long_sentences(sentences: Sequence[TokenIds], max_num_tokens: int) -> list[TokenIds]:
     """Cut every sentence longer than half an example into consecutive pieces of at most half.
@@ -280,6 +306,7 @@ def cut_long_sentences(sentences: Sequence[TokenIds], max_num_tokens: int) -> li
             pieces.append(list(sentence[start : start + piece]))
     return pieces
 
+
 def truncate_pair(tokens_a: TokenIds, tokens_b: TokenIds, max_num_tokens: int, rng: random.Random) -> tuple[TokenIds, TokenIds]:
     """Shorten the longer segment one token at a time, from a random end, until the pair fits.
 
@@ -300,6 +327,7 @@ def truncate_pair(tokens_a: TokenIds, tokens_b: TokenIds, max_num_tokens: int, r
         else:
             b_end -= 1
     return tokens_a[a_start:a_end], tokens_b[b_start:b_end]
+
 
 def create_pairs_from_document(
     sentences: Sequence[TokenIds],
@@ -362,6 +390,7 @@ def create_pairs_from_document(
         chunk, chunk_length = [], 0
     return pairs
 
+
 def _random_next_segment(other: Sequence[TokenIds], target_length: int, rng: random.Random) -> TokenIds:
     """A NotNext segment B: consecutive sentences of another document, from a random one on, until `target_length` tokens."""
     tokens: TokenIds = []
@@ -371,12 +400,15 @@ def _random_next_segment(other: Sequence[TokenIds], target_length: int, rng: ran
             break
     return tokens
 
+
 def _document_rng(seed: int, index: int) -> random.Random:
     # One generator per document: the result does not depend on batch size, num_proc or order.
     return random.Random(f"scratchbert-nsp/{seed}/{index}")
 
+
 def _empty_columns() -> dict[str, list]:
     return {name: [] for name in PRETRAINING_FEATURES}
+
 
 def _append_example(columns: dict[str, list], tokens_a: TokenIds, tokens_b: TokenIds, label: int, cls_id: int, sep_id: int):
     """[CLS] A [SEP] B [SEP]; token type 0 up to and including the first [SEP], 1 after it."""
@@ -385,8 +417,10 @@ def _append_example(columns: dict[str, list], tokens_a: TokenIds, tokens_b: Toke
     columns["attention_mask"].append([1] * (len(tokens_a) + len(tokens_b) + NUM_SPECIAL_TOKENS))
     columns["next_sentence_label"].append(label)
 
+
 def _count_segments(batch: dict, max_num_tokens: int) -> dict:
     return {"num_segments": [len(cut_long_sentences(sentences, max_num_tokens)) for sentences in batch["sentences"]]}
+
 
 def _pairs_of_documents(pieces_of, indices, partner_of, *, seed, max_num_tokens, short_seq_prob, nsp_probability, cls_id, sep_id) -> dict:
     """The loop both map functions share: each document's sentence pairs, as example columns.
@@ -410,6 +444,7 @@ def _pairs_of_documents(pieces_of, indices, partner_of, *, seed, max_num_tokens,
             _append_example(columns, tokens_a, tokens_b, label, cls_id, sep_id)
     return columns
 
+
 def _pairs_for_batch(batch: dict, indices: list[int], *, documents, max_num_tokens, nsp_probability, **pairing) -> dict:
     """Map function over usable documents; NotNext segments come from anywhere in `documents`."""
 
@@ -427,6 +462,7 @@ def _pairs_for_batch(batch: dict, indices: list[int], *, documents, max_num_toke
     partner = partner_of if nsp_probability > 0 else None
     return _pairs_of_documents(pieces_of, indices, partner, max_num_tokens=max_num_tokens, nsp_probability=nsp_probability, **pairing)
 
+
 def _pairs_for_stream_batch(batch: dict, indices: list[int], *, max_num_tokens, nsp_probability, **pairing) -> dict:
     """Streaming variant: NotNext segments come from the other documents of the same batch."""
     documents = [cut_long_sentences(sentences, max_num_tokens) for sentences in batch["sentences"]]
@@ -439,6 +475,7 @@ def _pairs_for_stream_batch(batch: dict, indices: list[int], *, max_num_tokens, 
     partner = partner_of if nsp_probability > 0 and len(usable) > 1 else None
     pieces_of, kept_indices = [documents[p] for p in usable], [indices[p] for p in usable]
     return _pairs_of_documents(pieces_of, kept_indices, partner, max_num_tokens=max_num_tokens, nsp_probability=nsp_probability, **pairing)
+
 
 def build_pretraining_dataset(
     documents: Documents,
@@ -496,6 +533,7 @@ def build_pretraining_dataset(
     )
     return examples
 
+
 def _pair_options(tokenizer, max_seq_length: int, short_seq_prob: float, nsp_probability: float, seed: int) -> dict:
     """`build_pretraining_dataset`'s options, checked, as the keyword arguments of its pairing functions."""
     check_max_seq_length(max_seq_length)
@@ -513,6 +551,7 @@ def _pair_options(tokenizer, max_seq_length: int, short_seq_prob: float, nsp_pro
         "cls_id": cls_id,
         "sep_id": sep_id,
     }
+
 
 def _pairs_of(usable: datasets.Dataset, pair_kwargs: dict, num_proc: int | None, batch_size: int) -> datasets.Dataset:
     """The sentence-pair examples of the documents that make pairs (cached by datasets)."""
@@ -533,6 +572,7 @@ def _pairs_of(usable: datasets.Dataset, pair_kwargs: dict, num_proc: int | None,
     if len(examples) == 0:
         raise ScratchBertError("no pretraining examples were built from the documents; check that they hold text")
     return examples
+
 
 def _documents_with_pairs(tokenized: datasets.Dataset, max_num_tokens: int, nsp_probability: float, num_proc, batch_size: int):
     """The tokenized documents that yield a sentence pair (two segments or more), the others counted and logged."""
@@ -571,6 +611,7 @@ def _documents_with_pairs(tokenized: datasets.Dataset, max_num_tokens: int, nsp_
         )
     return tokenized.select(usable_indices) if len(usable_indices) < len(counts) else tokenized
 
+
 PACKED_FEATURES = datasets.Features(
     {
         "input_ids": datasets.List(datasets.Value("int32")),
@@ -578,6 +619,7 @@ PACKED_FEATURES = datasets.Features(
         "attention_mask": datasets.List(datasets.Value("int8")),
     }
 )
+
 
 def pack_token_stream(documents: Sequence[Sequence[TokenIds]], block_length: int, separator_id: int) -> list[TokenIds]:
     """Concatenate documents (each a list of sentences) into one stream and cut it into blocks.
@@ -596,6 +638,7 @@ def pack_token_stream(documents: Sequence[Sequence[TokenIds]], block_length: int
         for sentence in sentences:
             stream.extend(sentence)
     return [stream[start : start + block_length] for start in range(0, len(stream) - block_length + 1, block_length)]
+
 
 def _packed_blocks_for_batch(
     batch: dict, indices: list[int], *, documents, group_size: int, block_length: int, cls_id: int, sep_id: int
@@ -620,6 +663,7 @@ def _packed_blocks_for_batch(
         "token_type_ids": [[0] * length for _ in blocks],
         "attention_mask": [[1] * length for _ in blocks],
     }
+
 
 def build_packed_dataset(
     documents: Documents,
@@ -679,6 +723,7 @@ def build_packed_dataset(
         )
     logger.info("Packed %d examples of %d tokens from %d documents.", len(examples), max_seq_length, len(tokenized))
     return examples
+
 
 __all__ = [
     "MIN_MAX_SEQ_LENGTH",

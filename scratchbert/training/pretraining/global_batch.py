@@ -40,6 +40,7 @@ def examples_per_step(batch_size: int, gradient_accumulation_steps: int, num_pro
     """G: the examples one optimizer step trains on, over every process and micro-batch."""
     return batch_size * gradient_accumulation_steps * num_processes
 
+
 def describe(batch_size: int, gradient_accumulation_steps: int, num_processes: int) -> str:
     """'16 examples (2 processes x --batch-size 8 x --gradient-accumulation-steps 1)', for messages."""
     total = examples_per_step(batch_size, gradient_accumulation_steps, num_processes)
@@ -47,6 +48,7 @@ def describe(batch_size: int, gradient_accumulation_steps: int, num_processes: i
         f"{total} examples ({num_processes} process(es) x --batch-size {batch_size} x "
         f"--gradient-accumulation-steps {gradient_accumulation_steps})"
     )
+
 
 def optimizer_steps(batches: Iterable[dict], accumulation: int) -> Iterator[list[dict]]:
     """This process's micro-batches, `accumulation` at a time: one list per optimizer step.
@@ -65,6 +67,7 @@ def optimizer_steps(batches: Iterable[dict], accumulation: int) -> Iterator[list
             f"an epoch ended {len(step)} micro-batch(es) into an optimizer step of {accumulation}: the data loader "
             "did not hand out whole global batches (a bug: please report it)"
         )
+
 
 @dataclass
 class GlobalCounts:
@@ -90,6 +93,7 @@ class GlobalCounts:
         if self.sentence_pairs is not None:
             kwargs["num_sentence_pairs_in_batch"] = self.sentence_pairs
         return kwargs
+
 
 def backward_scale(accelerator: Accelerator) -> int:
     """N * k: what undoes the gradient averaging over N processes and `backward`'s division by k."""

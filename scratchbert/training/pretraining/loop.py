@@ -52,7 +52,6 @@ from accelerate import Accelerator
 from accelerate.utils import DistributedType, set_seed
 from torch.utils.data import DataLoader
 
-from scratchbert import cpu_gemm
 from scratchbert.configuration_scratchbert import ScratchBertConfig
 from scratchbert.errors import NonFiniteLossError, ScratchBertError
 from scratchbert.inspection import fill_mask, load_masked_lm
@@ -60,19 +59,17 @@ from scratchbert.training.pretraining import checkpoint as ckpt
 from scratchbert.training.pretraining import global_batch, processes, sharding
 from scratchbert.training.pretraining.checkpoint import (
     CURVES_FILE,
-    KERNEL_DECISIONS_FILE,
     LOG_FILE,
     check_output_dir,
     prepare_output_dir,
     save_final_model,
 )
 from scratchbert.training.pretraining.config import PretrainConfig
-from scratchbert.training.pretraining.corpus import build_data, check_vocabulary, make_dataloaders, make_long_loader, progress_bars
+from scratchbert.training.pretraining.corpus import build_data, check_vocabulary, make_dataloaders, make_long_loader
 from scratchbert.training.pretraining.evaluation import evaluate, held_out_passages, plateau_report, weight_checksum
 from scratchbert.training.pretraining.masking import SeededCollator
-from scratchbert.training.pretraining.precision import settle_mixed_precision, warn_if_fp32_is_faster
+from scratchbert.training.pretraining.precision import warn_if_fp32_is_faster
 from scratchbert.training.pretraining.prepared import load_prepared
-from scratchbert.training.pretraining.processes import build_accelerator, start_processes
 from scratchbert.training.pretraining.run_log import RunLog, plot_training_curves, progress_bar, read_log, train_record
 from scratchbert.training.pretraining.schedules import TimeBudgetSchedule, TrainingClock, adamw, make_scheduler, parameter_groups
 from scratchbert.training.run_folder import OutputDirLock
@@ -88,21 +85,9 @@ DEMO_SENTENCES = (
     "this method returns a new [MASK] object.",
 )
 
-# ---------------------------------------------------------------------------------------------
-# 1. The model
-# ---------------------------------------------------------------------------------------------
-def build_model(config: PretrainConfig, tokenizer, vocab_size: int):
-    """A freshly initialised pretraining model of `vocab_size` tokens, checked against the tokenizer.
-
-    Which model a run trains (the MLM head alone, or with NSP) is `PretrainConfig.new_model`'s
-    choice; the precision trial builds its throwaway copy there too.
-    """
-    model_config = ScratchBertConfig(vocab_size=vocab_size, pad_token_id=tokenizer.pad_token_id, **config.model_kwargs())
-    check_vocabulary(tokenizer, model_config)
-    return config.new_model(model_config)
 
 # ---------------------------------------------------------------------------------------------
-# 2. The run, in steps: setup -> resume -> train -> finish
+# 2. The run: setup (data, model, optimizer, resume) -> the step loop -> the saved model
 # ---------------------------------------------------------------------------------------------
 @dataclass
 class Position:
@@ -115,9 +100,11 @@ class Position:
     training_seconds: float = 0.0  # the clock a --time-budget runs on
     phase: int = 0  # 1 once the --long-phase has begun (epoch and batches_in_epoch then count its examples)
 
+
 def long_phase_first_step(config: PretrainConfig) -> int:
     """--long-phase without a time budget: the step the phase begins on (its last `long_phase` of `max_steps`)."""
     return round((1.0 - config.long_phase) * config.max_steps)
+
 
 @dataclass
 class Run:
@@ -144,10 +131,6 @@ class Run:
     eval_metrics: dict = field(default_factory=dict)
 
     @property
-    def eval_examples(self) -> int:
-        return len(self.eval_dataset)
-
-    @property
     def output_dir(self) -> Path:
         return Path(self.config.output_dir)
 
@@ -170,6 +153,7 @@ class Run:
     def done(self) -> bool:
         return (self.config.max_steps is not None and self.position.step >= self.config.max_steps) or self.out_of_time()
 
+
 @dataclass
 class PretrainResult:
     output_dir: Path
@@ -179,95 +163,196 @@ class PretrainResult:
     masked_lm_dir: Path  # the saved masked-language model: output_dir
     held_out_passages: list[tuple[str, str]]  # held-out text with a word hidden, and the word (`held_out_passages`)
 
-def model_vocab_size(config: PretrainConfig, tokenizer, resume_state: dict | None) -> int:
-    """The model's vocabulary: the checkpoint's when resuming, --vocab-size when given with
-    --tokenizer, else the tokenizer's own size (a trained one may come out smaller than asked)."""
-    if resume_state is not None:
-        return resume_state["model_vocab_size"]
-    if config.tokenizer and config.vocab_size is not None:
-        return config.vocab_size
-    return len(tokenizer)
 
-def setup(config: PretrainConfig, lock: OutputDirLock) -> tuple[Run, dict | None]:
-    """Step 1: build everything, checking the inputs before the output folder is touched.
+def setup(config: PretrainConfig, accelerator: Accelerator, lock: OutputDirLock, asked_precision: str | None) -> Run:
+    """Data, model, optimizer, accelerator, resume: everything the step loop needs.
 
-    `lock` is claimed first if the folder exists (no other run may write there meanwhile), else
-    once it is made. Returns the run and the checkpoint state to resume from (None for a fresh start).
+    The inputs are checked before the output folder is touched (a bad corpus never damages a
+    finished run): the folder is written only once the data and the model are built.
     """
-    start_processes(config.ddp_timeout)  # first: the process group's deadline is fixed by whoever starts it
-    asked_precision = config.mixed_precision
-    config = settle_mixed_precision(config)  # --mixed-precision auto: the Accelerator fixes one precision for the run
-    accelerator = build_accelerator(config)
-    lock.claim(accelerator)
-    processes.check_shared_output_dir(accelerator, config.output_dir)  # before anything is written next to it
-    resume_state = check_output_dir(config)
+    resume_state = check_output_dir(config)  # None for a fresh start, else the checkpoint to resume
     set_seed(config.seed)  # weights and dropout; the data order and masks have seeds of their own
 
-    # The data, start to finish, while nothing has been written: a bad corpus fails here.
+    # Data: documents -> tokenizer -> examples (packed text, or NSP pairs) -> loaders that mask (corpus.py).
     if config.prepared_data:  # built ahead by `scratchbert prepare-data`: prepared.py
         tokenizer, train_dataset, eval_dataset = load_prepared(config.prepared_data, config)
         long_dataset = None  # --long-phase is refused with prepared data (config.validate)
     else:
         tokenizer, train_dataset, eval_dataset, long_dataset = build_data(config, accelerator, resuming=resume_state is not None)
     train_loader, eval_loader, train_collate = make_dataloaders(config, tokenizer, train_dataset, eval_dataset, accelerator)
-    long_loader = long_collate = None
-    if long_dataset is not None:
-        long_loader, long_collate = make_long_loader(config, tokenizer, long_dataset, accelerator.num_processes)
+    long_loader, long_collate = (None, None) if long_dataset is None else make_long_loader(config, tokenizer, long_dataset, accelerator.num_processes)
 
-    vocab_size = model_vocab_size(config, tokenizer, resume_state)
-    model = build_model(config, tokenizer, vocab_size)
+    # Model: freshly initialised, the MLM head alone or with NSP (`PretrainConfig.new_model`).
+    # Its vocabulary: the checkpoint's when resuming, --vocab-size when given with --tokenizer, else the
+    # tokenizer's own size (a trained one may come out smaller than asked).
+    if resume_state is not None:
+        vocab_size = resume_state["model_vocab_size"]
+    else:
+        vocab_size = config.vocab_size if config.tokenizer and config.vocab_size is not None else len(tokenizer)
+    # sparse_prediction: the MLM head scores only the masked positions (the loss reads nothing else), for speed.
+    model_config = ScratchBertConfig(vocab_size=vocab_size, pad_token_id=tokenizer.pad_token_id, sparse_prediction=True, **config.model_kwargs())
+    check_vocabulary(tokenizer, model_config)
+    model = config.new_model(model_config)
     if accelerator.is_fsdp2:  # one shard unit per layer, the tied MLM head with the embeddings (sharding.py)
         model = sharding.shard(model, accelerator)
     if asked_precision == "bf16" and accelerator.device.type == "cpu" and accelerator.is_main_process and resume_state is None:
         # bf16 is not faster on every CPU that has bf16 instructions: a few timed steps say (precision.py)
-        trial_model = partial(config.new_model, model.config)  # a throwaway copy, already checked
-        warn_if_fp32_is_faster(trial_model, config.batch_size, config.max_seq_length, config.mlm_probability)
+        warn_if_fp32_is_faster(partial(config.new_model, model.config), config.batch_size, config.max_seq_length, config.mlm_probability)
 
     # Everything is known to be good: only now is the folder cleared (--overwrite) and written.
     prepare_output_dir(config, accelerator, tokenizer, fresh_start=resume_state is None, lock=lock)
 
-    optimizer = adamw(
-        parameter_groups(model, config.weight_decay),
-        accelerator.device,
-        lr=config.learning_rate,
-        betas=(config.adam_beta1, config.adam_beta2),
-        eps=config.adam_epsilon,
-    )
+    # Optimizer and schedule: AdamW, warmup then linear decay over steps or the time budget (schedules.py).
+    groups = parameter_groups(model, config.weight_decay)
+    betas = (config.adam_beta1, config.adam_beta2)
+    optimizer = adamw(groups, accelerator.device, lr=config.learning_rate, betas=betas, eps=config.adam_epsilon)
     scheduler, budget_schedule = make_scheduler(optimizer, config.max_steps, config.warmup_ratio, config.time_budget)
     if config.streaming:  # a stream is split by streaming.py and put on the device by its StreamLoader
         model, optimizer, eval_loader, scheduler = accelerator.prepare(model, optimizer, eval_loader, scheduler)
     else:
-        model, optimizer, train_loader, eval_loader, scheduler = accelerator.prepare(
-            model, optimizer, train_loader, eval_loader, scheduler
-        )
-    if long_loader is not None:
-        long_loader = accelerator.prepare(long_loader)
-    train_examples = None if config.streaming else len(train_dataset)
+        model, optimizer, train_loader, eval_loader, scheduler = accelerator.prepare(model, optimizer, train_loader, eval_loader, scheduler)
+    long_loader = accelerator.prepare(long_loader) if long_loader is not None else None
     run = Run(
         config, accelerator, tokenizer, model, optimizer, scheduler, train_loader, eval_loader, train_collate,
-        train_examples, eval_dataset, vocab_size, budget_schedule, long_loader=long_loader, long_collate=long_collate,
+        None if config.streaming else len(train_dataset), eval_dataset, vocab_size, budget_schedule,
+        long_loader=long_loader, long_collate=long_collate,
     )  # fmt: skip
-    return run, resume_state
-
-def resume(run: Run, resume_state: dict | None) -> None:
-    """Step 2: with a checkpoint, restore weights, optimizer, schedule, RNG states and position."""
-    accelerator = run.accelerator
+    # Resume: the latest checkpoint's weights, optimizer, schedule, RNG states and place in the data.
     if resume_state is None:
-        if run.config.resume:
+        if config.resume:
             accelerator.print(f"--resume: no checkpoint in {run.output_dir} yet, so training starts at step 0")
-        return
-    check_same_global_batch(run.config, accelerator, resume_state)
+        return run
+    check_same_global_batch(config, accelerator, resume_state)
     ckpt.load_checkpoint(accelerator, resume_state["path"])
     run.position = Position(**{name: resume_state[name] for name in Position.__dataclass_fields__ if name in resume_state})
     run.last_saved = resume_state["path"]
-    saved_processes = resume_state.get("num_processes", accelerator.num_processes)
     # A process's place in the epoch is counted in its own micro-batches: N * B examples each.
-    saved_batch = resume_state["config"]["batch_size"] * saved_processes
-    run.position.batches_in_epoch = run.position.batches_in_epoch * saved_batch // (run.config.batch_size * accelerator.num_processes)
-    if run.config.streaming:  # the stream's place, the same in every process (streaming.py)
+    saved_batch = resume_state["config"]["batch_size"] * resume_state.get("num_processes", accelerator.num_processes)
+    run.position.batches_in_epoch = run.position.batches_in_epoch * saved_batch // (config.batch_size * accelerator.num_processes)
+    if config.streaming:  # the stream's place, the same in every process (streaming.py)
         run.train_loader.load_state_dict(resume_state["stream"])
         run.position.epoch = resume_state["stream"]["epoch"]
     accelerator.print(f"resuming from {resume_state['path']} (step {run.position.step}, epoch {run.position.epoch})")
+    return run
+
+
+def train(run: Run, timer=time.perf_counter) -> RunLog:
+    """The step loop: batch -> forward -> loss over the global counts -> backward -> optimizer step
+    -> log -> evaluate -> checkpoint, until max_steps or the time budget. Returns the run's log."""
+    config, accelerator, position, model = run.config, run.accelerator, run.position, run.model
+    log = RunLog(accelerator, run.output_dir / LOG_FILE, position.step if run.last_saved else None)
+    progress = progress_bar(config, accelerator, position.step, position.training_seconds)
+    _announce(run, log)
+    clock = TrainingClock(position.training_seconds, timer)  # evaluation and checkpoints stop it: a budget buys training
+    window = {"loss": torch.zeros((), device=accelerator.device), "steps": 0, "tokens": 0, "start": time.perf_counter(),
+              "finite": torch.ones((), dtype=torch.bool, device=accelerator.device)}  # fmt: skip
+    model.train()
+    clock.start()
+    try:
+        while not run.done():
+            batches_before = position.batches_in_epoch
+            # Batch: this process's micro-batches of one global batch (global_batch.py), masked for this epoch.
+            for micro_batches in global_batch.optimizer_steps(_epoch_batches(run), config.gradient_accumulation_steps):
+                # Forward and backward: each micro-batch's summed loss divided by the whole step's counts.
+                counts = global_batch.GlobalCounts.of(accelerator, micro_batches)
+                scale = global_batch.backward_scale(accelerator)
+                for number, batch in enumerate(micro_batches):
+                    last = number == len(micro_batches) - 1
+                    # Gradients are exchanged once, after the last micro-batch, as Trainer does (global_batch.py).
+                    accelerator.gradient_state._set_sync_gradients(last)
+                    exchange = contextlib.nullcontext() if last or accelerator.distributed_type == DistributedType.DEEPSPEED else accelerator.no_sync(model)
+                    with exchange:
+                        loss = model(**batch, **counts.loss_kwargs()).loss  # this micro-batch's share of the step's loss
+                        window["finite"] &= torch.isfinite(loss.detach()).all()  # on the device: no sync per micro-batch
+                        if last:  # a NaN/inf loss stops the run before it reaches the weights, on every process
+                            _stop_if_not_finite(accelerator, window, loss, position.step, run.last_saved, config)
+                        accelerator.backward(loss * scale)
+                    window["loss"] += loss.detach().float()
+                    window["tokens"] += batch["attention_mask"].sum()  # a tensor: no device sync per step
+                # Optimizer step: clip, AdamW, then the schedule.
+                if config.max_grad_norm > 0:
+                    accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm)
+                run.optimizer.step()
+                run.optimizer.zero_grad()
+                window["steps"] += 1
+                position.batches_in_epoch += len(micro_batches)
+                before = position.training_seconds
+                position.training_seconds = _synchronized_seconds(accelerator, clock) if config.time_budget is not None else clock.seconds()
+                if run.budget_schedule is not None:
+                    run.budget_schedule.elapsed = position.training_seconds
+                run.scheduler.step()
+                position.step += 1
+                progress.update(position.training_seconds - before if config.time_budget is not None else 1)
+                # Log, evaluate, checkpoint: each on its schedule (run_log.py, evaluation.py, checkpoint.py).
+                if position.step % config.log_every == 0 or run.done():
+                    _log_training(run, log, window, progress)
+                if config.eval_every and position.step % config.eval_every == 0 and not run.done():
+                    with clock.paused(window):
+                        run.eval_metrics = evaluate(model, run.eval_loader, accelerator, run.tokenizer.mask_token_id)
+                        log.write({"type": "eval", "step": position.step, "training_seconds": position.training_seconds, **run.eval_metrics})
+                if config.save_every and position.step % config.save_every == 0:
+                    with clock.paused(window):
+                        run.last_saved = str(ckpt.save_checkpoint(accelerator, run.output_dir, position.step, _trainer_state(run), config.keep_last))
+                if run.done() or run.long_phase_due():
+                    break
+            else:  # the epoch ran out before the run did: start the next one
+                if position.batches_in_epoch == batches_before == 0:
+                    raise ScratchBertError(
+                        "a whole epoch gave no optimizer step: the stream holds fewer examples than one step's "
+                        f"{global_batch.describe(config.batch_size, config.gradient_accumulation_steps, accelerator.num_processes)}. "
+                        "Add text, or lower --batch-size."
+                    )
+                position.epoch += 1
+                position.batches_in_epoch = 0
+    except KeyboardInterrupt:
+        progress.close()
+        where = f"the last checkpoint is {run.last_saved}; `--resume` continues from it" if run.last_saved else "no checkpoint was written yet"
+        accelerator.print(f"interrupted at step {position.step}: {where}.")
+        raise
+    clock.pause()
+    progress.close()
+    if run.out_of_time():
+        accelerator.print(f"the time budget of {config.time_budget:g} minutes is spent after {position.step} steps")
+    return log
+
+
+def _log_training(run: Run, log: RunLog, window: dict, progress) -> None:
+    """The training record of the steps since the last one: loss, learning rate, throughput."""
+    config, position = run.config, run.position
+    record = train_record(run.accelerator, window, position.step, position.epoch, run.scheduler)
+    position.tokens_seen += record.pop("tokens")
+    record.update(tokens_seen=position.tokens_seen, training_seconds=position.training_seconds)
+    if config.long_phase:
+        record["seq_length"] = (config.long_seq_length or config.max_position_embeddings) if position.phase else config.max_seq_length
+    log.write(record)
+    progress.set_postfix(step=position.step, loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_second']:.0f}")
+
+
+def _trainer_state(run: Run) -> dict:
+    """What a checkpoint records besides the weights, optimizer, schedule and RNG states (`Position`, the stream's place)."""
+    state = {**asdict(run.position), "num_processes": run.accelerator.num_processes, "model_vocab_size": run.vocab_size,
+             "config": run.config.to_saved_dict()}  # fmt: skip
+    if run.config.streaming:  # the stream's place, the same in every process
+        state["stream"] = run.train_loader.state_dict()
+    return state
+
+
+def pretrain(config: PretrainConfig, timer=time.perf_counter) -> PretrainResult:
+    """Run (or resume) pretraining as `config` says: setup, the step loop, then the saved model.
+
+    Every guarantee of a run is entered once, around it (`processes.guarded_run`): one run per
+    output folder (the lock), processes that run the same software and share the folder, a lost
+    process named in one line, the CPU kernels' timings kept for --resume. `timer` is the clock a
+    `--time-budget` is measured on (tests pass one of their own).
+    """
+    started, cpu_started = time.perf_counter(), time.process_time()
+    asked_precision = config.mixed_precision  # before --mixed-precision auto is settled
+    with processes.guarded_run(config) as (config, accelerator, lock):
+        run = setup(config, accelerator, lock, asked_precision)
+        run.setup_seconds = time.perf_counter() - started
+        log = train(run, timer)
+        return finish(run, log, started, cpu_started)
+
 
 def check_same_global_batch(config: PretrainConfig, accelerator: Accelerator, resume_state: dict) -> None:
     """A run resumes on any number of processes, as long as its optimizer steps keep their examples.
@@ -292,79 +377,6 @@ def check_same_global_batch(config: PretrainConfig, accelerator: Accelerator, re
             f"Choose --batch-size and --gradient-accumulation-steps so that processes x batch x accumulation = {before}."
         )
 
-def train(run: Run, timer=time.perf_counter) -> RunLog:
-    """Step 3: forward / backward over a step's micro-batches, then clip / step, until max_steps or the time budget.
-
-    After each optimizer step, `after_step` logs, evaluates and checkpoints on their schedules.
-    Returns the run's log for `finish`.
-    """
-    config, accelerator, position = run.config, run.accelerator, run.position
-    log = RunLog(accelerator, run.output_dir / LOG_FILE, position.step if run.last_saved else None)
-    _announce(run, log)
-    clock = TrainingClock(position.training_seconds, timer)
-    progress = progress_bar(config, accelerator, position.step, position.training_seconds)
-    window = {"loss": torch.zeros((), device=accelerator.device), "steps": 0, "tokens": 0, "start": time.perf_counter(),
-              "finite": torch.ones((), dtype=torch.bool, device=accelerator.device)}
-    run.model.train()
-    clock.start()
-    try:
-        while not run.done():
-            batches_before = position.batches_in_epoch
-            for micro_batches in global_batch.optimizer_steps(_epoch_batches(run), config.gradient_accumulation_steps):
-                optimizer_step(run, micro_batches, window)
-                position.batches_in_epoch += len(micro_batches)
-                after_step(run, log, clock, progress, window)
-                if run.done() or run.long_phase_due():
-                    break
-            else:  # the epoch ran out before the run did: start the next one
-                if position.batches_in_epoch == batches_before == 0:
-                    raise ScratchBertError(
-                        "a whole epoch gave no optimizer step: the stream holds fewer examples than one step's "
-                        f"{global_batch.describe(config.batch_size, config.gradient_accumulation_steps, accelerator.num_processes)}. "
-                        "Add text, or lower --batch-size."
-                    )
-                position.epoch += 1
-                position.batches_in_epoch = 0
-    except KeyboardInterrupt:
-        progress.close()
-        where = f"the last checkpoint is {run.last_saved}; `--resume` continues from it" if run.last_saved else "no checkpoint was written yet"
-        accelerator.print(f"interrupted at step {position.step}: {where}.")
-        raise
-    clock.pause()
-    progress.close()
-    if run.out_of_time():
-        accelerator.print(f"the time budget of {config.time_budget:g} minutes is spent after {position.step} steps")
-    return log
-
-def optimizer_step(run: Run, micro_batches: list[dict], window: dict) -> None:
-    """One optimizer step over this process's micro-batches of the global batch (`global_batch.py`).
-
-    Each micro-batch's losses are summed and divided by the global batch's counts, and scaled
-    by N * k for the averaging that DDP and `backward` do. Gradients are exchanged once, after
-    the last micro-batch (`no_sync` before it), as transformers' Trainer does: the micro-batches
-    are read ahead to be counted, so Accelerate's `accumulate`, which counts batches as they come
-    from its loader, would see the epoch's end too early; the step sets the sync flag itself.
-    """
-    accelerator, model = run.accelerator, run.model
-    counts = global_batch.GlobalCounts.of(accelerator, micro_batches)
-    scale = global_batch.backward_scale(accelerator)
-    for number, batch in enumerate(micro_batches):
-        last = number == len(micro_batches) - 1
-        accelerator.gradient_state._set_sync_gradients(last)  # the optimizer and clipping act only on the last
-        exchange = contextlib.nullcontext() if last or accelerator.distributed_type == DistributedType.DEEPSPEED else accelerator.no_sync(model)
-        with exchange:
-            loss = model(**batch, **counts.loss_kwargs()).loss  # this micro-batch's share of the step's loss
-            window["finite"] &= torch.isfinite(loss.detach()).all()  # on the device: no sync per micro-batch
-            if last:  # once per optimizer step, before the weights change
-                _stop_if_not_finite(accelerator, window, loss, run.position.step, run.last_saved, run.config)
-            accelerator.backward(loss * scale)
-        window["loss"] += loss.detach().float()
-        window["tokens"] += batch["attention_mask"].sum()  # a tensor: no device sync per step
-    if run.config.max_grad_norm > 0:
-        accelerator.clip_grad_norm_(model.parameters(), run.config.max_grad_norm)
-    run.optimizer.step()
-    run.optimizer.zero_grad()
-    window["steps"] += 1
 
 def _epoch_batches(run: Run):
     """The batches left in the epoch the run is in (of its phase, which may begin now), masked for that epoch."""
@@ -379,41 +391,6 @@ def _epoch_batches(run: Run):
         return accelerator.skip_first_batches(epoch_loader, position.batches_in_epoch)
     return epoch_loader
 
-def after_step(run: Run, log: RunLog, clock: TrainingClock, progress, window: dict) -> None:
-    """One optimizer step is done: advance the schedule, then log / evaluate / save when due."""
-    config, accelerator, position = run.config, run.accelerator, run.position
-    before = position.training_seconds
-    timed = config.time_budget is not None
-    position.training_seconds = _synchronized_seconds(accelerator, clock) if timed else clock.seconds()
-    if run.budget_schedule is not None:
-        run.budget_schedule.elapsed = position.training_seconds
-    run.scheduler.step()
-    position.step += 1
-    progress.update(position.training_seconds - before if timed else 1)
-
-    if position.step % config.log_every == 0 or run.done():
-        record = train_record(accelerator, window, position.step, position.epoch, run.scheduler)
-        position.tokens_seen += record.pop("tokens")
-        record.update(tokens_seen=position.tokens_seen, training_seconds=position.training_seconds)
-        if config.long_phase:
-            record["seq_length"] = (config.long_seq_length or config.max_position_embeddings) if position.phase else config.max_seq_length
-        log.write(record)
-        progress.set_postfix(step=position.step, loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_second']:.0f}")
-    # Evaluation and checkpoints stop the clock: a budget buys training, not bookkeeping.
-    if config.eval_every and position.step % config.eval_every == 0 and not run.done():
-        clock.pause()
-        run.eval_metrics = evaluate(run.model, run.eval_loader, accelerator, run.tokenizer.mask_token_id)
-        log.write({"type": "eval", "step": position.step, "training_seconds": position.training_seconds, **run.eval_metrics})
-        clock.start()
-        window["start"] = time.perf_counter()
-    if config.save_every and position.step % config.save_every == 0:
-        clock.pause()
-        state = {**asdict(position), "num_processes": accelerator.num_processes, "model_vocab_size": run.vocab_size, "config": config.to_saved_dict()}
-        if config.streaming:  # the stream's place, the same in every process
-            state["stream"] = run.train_loader.state_dict()
-        run.last_saved = str(ckpt.save_checkpoint(accelerator, run.output_dir, position.step, state, config.keep_last))
-        clock.start()
-        window["start"] = time.perf_counter()  # throughput counts training time only
 
 def finish(run: Run, log: RunLog, started: float, cpu_started: float) -> PretrainResult:
     """Step 4: the final evaluation, the saved model and tokenizer, the curves, an orderly shutdown."""
@@ -445,6 +422,7 @@ def finish(run: Run, log: RunLog, started: float, cpu_started: float) -> Pretrai
     passages = held_out_passages(run.eval_dataset, run.tokenizer, seed=run.config.seed)
     return PretrainResult(output_dir, position.step, metrics, seconds, output_dir, passages)
 
+
 def shut_down(run: Run) -> None:
     """Release the processes in an order that cannot hang.
 
@@ -461,21 +439,6 @@ def shut_down(run: Run) -> None:
     accelerator.wait_for_everyone()
     accelerator.end_training()
 
-def pretrain(config: PretrainConfig, timer=time.perf_counter) -> PretrainResult:
-    """Run (or resume) pretraining as `config` says: the steps of the module docstring.
-
-    `timer` is the clock a `--time-budget` is measured on (tests pass one of their own).
-    """
-    started, cpu_started = time.perf_counter(), time.process_time()
-    kernels = cpu_gemm.decisions_kept_in(Path(config.output_dir) / KERNEL_DECISIONS_FILE)  # --resume multiplies on the same kernels
-    # One run per output folder at a time; progress_bar=False silences datasets' and transformers' bars too.
-    lost = processes.naming_lost_processes(config.output_dir, config.ddp_timeout)  # a process gone: named in one line
-    with OutputDirLock(config.output_dir, "scratchbert pretrain") as lock, progress_bars(config.progress_bar), kernels, lost:
-        run, resume_state = setup(config, lock)
-        resume(run, resume_state)
-        run.setup_seconds = time.perf_counter() - started
-        log = train(run, timer)
-        return finish(run, log, started, cpu_started)
 
 def _announce(run: Run, log: RunLog) -> None:
     """The run's first log record and the one line a user reads before the progress bar."""
@@ -485,7 +448,7 @@ def _announce(run: Run, log: RunLog) -> None:
     log.write(
         {
             "type": "start", "step": run.position.step, "num_processes": accelerator.num_processes, "device": str(accelerator.device),
-            "train_examples": run.train_examples, "eval_examples": run.eval_examples,
+            "train_examples": run.train_examples, "eval_examples": len(run.eval_dataset),
             "parameters": parameters, "vocab_size": len(run.tokenizer), "setup_seconds": run.setup_seconds,
         }
     )  # fmt: skip
@@ -504,13 +467,15 @@ def _announce(run: Run, log: RunLog) -> None:
         f"{parameters / 1e6:.1f}M parameters, vocabulary {len(run.tokenizer)}) with the "
         f"{config.recipe} recipe ({objective} on {config.packing}, "
         f"{config.mlm_probability:.0%} masking, learning rate {config.learning_rate:g}) on {examples} "
-        f"({run.eval_examples} held out), {accelerator.num_processes} process(es), {length} of {examples_per_step} examples{long_phase}"
+        f"({len(run.eval_dataset)} held out), {accelerator.num_processes} process(es), {length} of {examples_per_step} examples{long_phase}"
     )
+
 
 def _synchronized_seconds(accelerator: Accelerator, clock: TrainingClock) -> float:
     """The training time of the slowest process: every process then agrees on the learning rate and on when to stop."""
     seconds = torch.tensor([clock.seconds()], dtype=torch.float64, device=accelerator.device)
     return accelerator.reduce(seconds, reduction="max").item() if accelerator.num_processes > 1 else seconds.item()
+
 
 def _stop_if_not_finite(accelerator: Accelerator, window: dict, loss: torch.Tensor, step: int, last_saved, config) -> None:
     """Stop before a NaN/inf loss reaches the weights; every process agrees through the reduce.
@@ -535,6 +500,7 @@ def _stop_if_not_finite(accelerator: Accelerator, window: dict, loss: torch.Tens
         + ").",
         every_process=True,
     )
+
 
 # ---------------------------------------------------------------------------------------------
 # 3. Showing what the model learned

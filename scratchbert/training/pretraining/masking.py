@@ -30,7 +30,9 @@ from scratchbert.errors import ScratchBertError
 from scratchbert.modeling_scratchbert import IGNORE_INDEX  # the label of positions the loss skips
 
 # What a pretraining batch hands to the model (the collator also makes nothing else).
-MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "labels", "next_sentence_label")
+MLM_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "labels")
+MODEL_INPUTS = (*MLM_INPUTS, "next_sentence_label")  # with NSP
+
 
 class DataCollatorForPretraining:
     """Collate examples into a padded, dynamically masked MLM (+ NSP) batch.
@@ -234,6 +236,7 @@ class DataCollatorForPretraining:
         batch["input_ids"] = self.corrupt(batch["input_ids"], chosen, batch["attention_mask"], row_generators)
         return batch
 
+
 # ---------------------------------------------------------------------------------------------
 # Masks that a resumed run draws again exactly
 # ---------------------------------------------------------------------------------------------
@@ -248,6 +251,7 @@ class IndexedDataset(Dataset):
 
     def __getitem__(self, index: int):
         return index, self.dataset[index]
+
 
 class SeededCollator:
     """Runs the MLM collator with one generator per example, seeded by (seed, epoch, example index).
@@ -275,5 +279,6 @@ class SeededCollator:
         generators = [torch.Generator().manual_seed(self.example_seed(index)) for index in indices]
         batch = self.collator(list(examples), row_generators=generators)
         return {name: batch[name] for name in self.model_inputs if name in batch}
+
 
 __all__ = ["IGNORE_INDEX", "MODEL_INPUTS", "DataCollatorForPretraining", "IndexedDataset", "SeededCollator"]

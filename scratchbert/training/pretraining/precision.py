@@ -14,25 +14,15 @@ trains in the faster (`auto_precision`).
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import logging
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
-from accelerate import PartialState
-from accelerate.utils import broadcast_object_list
 from torch import nn
 
 from scratchbert import cpu_gemm
-from scratchbert.configuration_scratchbert import ScratchBertConfig
-from scratchbert.errors import ScratchBertError
-from scratchbert.tokenization import load_tokenizer
-from scratchbert.training.pretraining import checkpoint as ckpt
-from scratchbert.training.pretraining import prepared
-from scratchbert.training.pretraining.config import DEFAULT_VOCAB_SIZE, PretrainConfig
 from scratchbert.training.pretraining.schedules import adamw, parameter_groups
 
 PRECISIONS = {"no": None, "bf16": torch.bfloat16}  # --mixed-precision value -> autocast dtype
@@ -42,6 +32,7 @@ TRIAL_SECONDS = 10.0  # the longest a pretraining run's start waits for the tria
 BF16_MARGIN = 1.1  # bf16 is chosen only where a trial finds it at least this much faster than fp32
 
 logger = logging.getLogger(__name__)
+
 
 def training_rates(
     make_model: Callable[[], nn.Module], batch_size: int, seq_length: int, masking_rate: float = 0.15, steps: int = 8,
@@ -94,6 +85,7 @@ def training_rates(
                 best[name] = max(best[name], run(dtype, steps))
     return best
 
+
 def faster_precision(rates: dict[str, float]) -> str:
     """The `--mixed-precision` value with the higher rate: fp32 ("no") unless bf16 is faster by `BF16_MARGIN`.
 
@@ -101,6 +93,7 @@ def faster_precision(rates: dict[str, float]) -> str:
     different arithmetic; fp32, the arithmetic every machine shares, wins those.
     """
     return "bf16" if rates["bf16"] > BF16_MARGIN * rates["no"] else "no"
+
 
 def auto_precision(
     make_model: Callable[[], nn.Module], batch_size: int, seq_length: int, masking_rate: float, on_gpu: bool
@@ -127,6 +120,7 @@ def auto_precision(
         f"training in {'bf16' if choice == 'bf16' else 'fp32'}"
     )
 
+
 def warn_if_fp32_is_faster(
     make_model: Callable[[], nn.Module], batch_size: int, seq_length: int, masking_rate: float
 ) -> dict[str, float] | None:
@@ -145,66 +139,7 @@ def warn_if_fp32_is_faster(
         )
     return rates
 
+
 __all__ = ["PRECISIONS", "TRIAL_SECONDS", "BF16_MARGIN", "training_rates", "faster_precision", "auto_precision", "warn_if_fp32_is_faster"]
 
 
-def settle_mixed_precision(config: PretrainConfig) -> PretrainConfig:
-    """`--mixed-precision auto` made concrete, before the Accelerator that fixes a run's precision exists.
-
-    A resumed run keeps the precision its checkpoint trained in. Otherwise the main process
-    decides (`precision.auto_precision`: on a CPU a timed trial of the run's model, batch and
-    masking rate, with the vocabulary `trial_vocab_size` expects) and tells the others, so every process trains alike. The
-    returned config names the precision chosen, and so does the pretrain_config.json it saves.
-    """
-    if config.mixed_precision != "auto":
-        return config
-    state = PartialState(cpu=not has_accelerator_device())  # the Accelerator built next shares it
-    decision, failure = [None], None
-    if state.is_main_process:
-        try:
-            decision = [_auto_decision(config)]
-        except Exception as err:  # e.g. a damaged checkpoint: the other ranks must not wait for an answer
-            decision, failure = [("error", str(err))], err
-    if state.num_processes > 1:
-        broadcast_object_list(decision, from_process=0)
-    choice, reason = decision[0]
-    if choice == "error":
-        if failure is not None:
-            raise failure
-        raise ScratchBertError(f"the main process could not settle --mixed-precision auto: {reason}", every_process=True)
-    state.print(f"--mixed-precision auto: {reason}")
-    return dataclasses.replace(config, mixed_precision=choice)
-
-
-def _auto_decision(config: PretrainConfig) -> tuple[str, str]:
-    checkpoints = ckpt.list_checkpoints(config.output_dir) if config.resume else []
-    if checkpoints:
-        resumed = ckpt.read_trainer_state(checkpoints[-1][1])["config"].get("mixed_precision", "no")
-        return resumed, f"{'fp32' if resumed == 'no' else resumed}, the precision of the checkpoint this run continues"
-    model_config = ScratchBertConfig(vocab_size=trial_vocab_size(config), **config.model_kwargs())
-    return auto_precision(
-        lambda: config.new_model(model_config), config.batch_size, config.max_seq_length, config.mlm_probability,
-        on_gpu=has_accelerator_device(),
-    )
-
-
-def trial_vocab_size(config: PretrainConfig) -> int:
-    """The vocabulary size the run's model will have, as far as it is known before the data is built.
-
-    A tokenizer given (`--tokenizer`, or a `--prepared-data` folder's) sets it, unless `--vocab-size`
-    overrides it for `--tokenizer`, as `pretrain.setup` does; one trained for the run comes out at
-    most the size asked. The trial must time the model that will train: the MLM head's product of
-    the predicted positions with the (H, V) output matrix is a large share of a small model's
-    step (`tiny` at 32 x 64 on a Zen 4: 32,000 tokens/s in fp32 with 4,096 tokens, 10,000 with
-    BERT's 30,522).
-    """
-    if config.prepared_data:
-        prepared.check_options(config.prepared_data, config)  # a missing or mismatched folder is named before any trial
-        return len(load_tokenizer(Path(config.prepared_data) / "tokenizer"))
-    if config.tokenizer and config.vocab_size is None:
-        return len(load_tokenizer(config.tokenizer))
-    return config.vocab_size or DEFAULT_VOCAB_SIZE
-
-
-def has_accelerator_device() -> bool:
-    return torch.cuda.is_available() or (hasattr(torch, "accelerator") and torch.accelerator.is_available())

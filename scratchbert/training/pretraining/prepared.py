@@ -43,8 +43,10 @@ PREPARE_OPTIONS = frozenset(
     DATA_OPTIONS + MADE_WITH + ("train_files", "dataset", "text_column", "num_proc", "output_dir", "overwrite", "progress_bar")
 )
 
+
 def prepared_options(config: PretrainConfig) -> dict:
     return {name: getattr(config, name) for name in DATA_OPTIONS}
+
 
 def save_prepared(folder: str | Path, config: PretrainConfig, tokenizer, train_dataset: datasets.Dataset, eval_dataset: datasets.Dataset) -> Path:
     """Write the examples, the tokenizer and `prepared.json` to `folder`, atomically (a temporary folder renamed)."""
@@ -69,6 +71,7 @@ def save_prepared(folder: str | Path, config: PretrainConfig, tokenizer, train_d
     tmp.rename(folder)
     return folder
 
+
 def read_manifest(folder: str | Path) -> dict:
     """`prepared.json` of a prepared-data folder, with clear errors for a missing or damaged one."""
     folder = Path(folder)
@@ -82,6 +85,7 @@ def read_manifest(folder: str | Path) -> dict:
     except json.JSONDecodeError as err:
         raise ScratchBertError(f"{path} is damaged ({err}); build the folder again with `scratchbert prepare-data`.") from None
     return manifest
+
 
 def check_options(folder: str | Path, config: PretrainConfig) -> dict:
     """The folder's manifest, if this run's data options are the ones its examples were made with."""
@@ -100,6 +104,7 @@ def check_options(folder: str | Path, config: PretrainConfig) -> dict:
         )
     return manifest
 
+
 def load_prepared(folder: str | Path, config: PretrainConfig):
     """(tokenizer, training examples, held-out examples) of a prepared folder, the examples memory-mapped."""
     folder = Path(folder)
@@ -109,6 +114,7 @@ def load_prepared(folder: str | Path, config: PretrainConfig):
     except (FileNotFoundError, ValueError) as err:
         raise ScratchBertError(f"{folder} is incomplete or damaged ({err}); build it again with `scratchbert prepare-data`.") from None
     return load_tokenizer(folder / "tokenizer", max_length=config.max_position_embeddings), *splits
+
 
 def prepare_data(config: PretrainConfig) -> Path:
     """`scratchbert prepare-data`: the run's tokenizer and examples, built as `pretrain` would and saved to `config.output_dir`."""
@@ -128,5 +134,6 @@ def prepare_data(config: PretrainConfig) -> Path:
         save_prepared(folder, config, tokenizer, train_dataset, eval_dataset)
     accelerator.wait_for_everyone()
     return folder
+
 
 __all__ = ["DATA_OPTIONS", "PREPARED_FILE", "PREPARE_OPTIONS", "check_options", "load_prepared", "prepare_data", "prepared_options", "read_manifest", "save_prepared"]

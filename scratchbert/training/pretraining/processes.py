@@ -1,9 +1,21 @@
-"""The `Accelerator` of a pretraining run: devices, mixed precision, trackers and replayable data order."""
+"""The processes of a pretraining run and the guarantees around it, entered once (`guarded_run`).
+
+- `start_processes` / `build_accelerator`: the process group (gloo without GPUs), its collective deadline,
+  the `Accelerator` (devices, mixed precision, trackers, a replayable data order).
+- `naming_lost_processes`: a process killed or hung is named in one line, with the checkpoint to --resume
+  from, within bounded time (the deadline; with more than two processes, a heartbeat in the launch's store).
+- `check_shared_output_dir`: on several machines, an output folder they do not share is refused (measured:
+  without the check a run on two local folders "finishes" with machine 0's checkpoints lacking process 1's
+  random state).
+- `check_same_versions`: processes that run a different scratchbert (source digest), torch, transformers or
+  accelerate are refused, naming which has which.
+"""
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import hashlib
 import os
 import secrets
@@ -17,13 +29,19 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from accelerate import Accelerator, PartialState
-from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration, is_tensorboard_available
+from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration, broadcast_object_list, is_tensorboard_available
 
 import scratchbert
+from scratchbert import cpu_gemm
+from scratchbert.configuration_scratchbert import ScratchBertConfig
 from scratchbert.errors import ScratchBertError
+from scratchbert.tokenization import load_tokenizer
 from scratchbert.training.pretraining import checkpoint as ckpt
-from scratchbert.training.pretraining.config import PretrainConfig
-from scratchbert.training.pretraining.precision import has_accelerator_device
+from scratchbert.training.pretraining import prepared
+from scratchbert.training.pretraining.config import DEFAULT_VOCAB_SIZE, PretrainConfig
+from scratchbert.training.pretraining.corpus import progress_bars
+from scratchbert.training.pretraining.precision import auto_precision
+from scratchbert.training.run_folder import OutputDirLock
 
 DEFAULT_DDP_TIMEOUT = PretrainConfig.ddp_timeout  # seconds a collective waits for the other processes: the option's default
 TIMEOUT_FLAG = "ddp_timeout in a --config file"
@@ -37,6 +55,67 @@ _CLOSED = ("connection reset by peer", "connection closed by peer", "broken pipe
 _TIMED_OUT = ("timed out", "timeout")
 PACKAGES = ("torch", "transformers", "accelerate")
 
+
+def settle_mixed_precision(config: PretrainConfig) -> PretrainConfig:
+    """`--mixed-precision auto` made concrete, before the Accelerator that fixes a run's precision exists.
+
+    A resumed run keeps the precision its checkpoint trained in. Otherwise the main process
+    decides (`precision.auto_precision`: on a CPU a timed trial of the run's model, batch and
+    masking rate, with the vocabulary `trial_vocab_size` expects) and tells the others, so every process trains alike. The
+    returned config names the precision chosen, and so does the pretrain_config.json it saves.
+    """
+    if config.mixed_precision != "auto":
+        return config
+    state = PartialState(cpu=not has_accelerator_device())  # the Accelerator built next shares it
+    decision, failure = [None], None
+    if state.is_main_process:
+        try:
+            decision = [_auto_decision(config)]
+        except Exception as err:  # e.g. a damaged checkpoint: the other ranks must not wait for an answer
+            decision, failure = [("error", str(err))], err
+    if state.num_processes > 1:
+        broadcast_object_list(decision, from_process=0)
+    choice, reason = decision[0]
+    if choice == "error":
+        if failure is not None:
+            raise failure
+        raise ScratchBertError(f"the main process could not settle --mixed-precision auto: {reason}", every_process=True)
+    state.print(f"--mixed-precision auto: {reason}")
+    return dataclasses.replace(config, mixed_precision=choice)
+
+
+def _auto_decision(config: PretrainConfig) -> tuple[str, str]:
+    checkpoints = ckpt.list_checkpoints(config.output_dir) if config.resume else []
+    if checkpoints:
+        resumed = ckpt.read_trainer_state(checkpoints[-1][1])["config"].get("mixed_precision", "no")
+        return resumed, f"{'fp32' if resumed == 'no' else resumed}, the precision of the checkpoint this run continues"
+    model_config = ScratchBertConfig(vocab_size=trial_vocab_size(config), sparse_prediction=True, **config.model_kwargs())
+    return auto_precision(
+        lambda: config.new_model(model_config), config.batch_size, config.max_seq_length, config.mlm_probability,
+        on_gpu=has_accelerator_device(),
+    )
+
+
+def trial_vocab_size(config: PretrainConfig) -> int:
+    """The vocabulary size the run's model will have, as far as it is known before the data is built.
+
+    A tokenizer given (`--tokenizer`, or a `--prepared-data` folder's) sets it, unless `--vocab-size`
+    overrides it for `--tokenizer`, as `pretrain.setup` does; one trained for the run comes out at
+    most the size asked. The trial must time the model that will train: the MLM head's product of
+    the predicted positions with the (H, V) output matrix is a large share of a small model's
+    step (`tiny` at 32 x 64 on a Zen 4: 32,000 tokens/s in fp32 with 4,096 tokens, 10,000 with
+    BERT's 30,522).
+    """
+    if config.prepared_data:
+        prepared.check_options(config.prepared_data, config)  # a missing or mismatched folder is named before any trial
+        return len(load_tokenizer(Path(config.prepared_data) / "tokenizer"))
+    if config.tokenizer and config.vocab_size is None:
+        return len(load_tokenizer(config.tokenizer))
+    return config.vocab_size or DEFAULT_VOCAB_SIZE
+
+
+def has_accelerator_device() -> bool:
+    return torch.cuda.is_available() or (hasattr(torch, "accelerator") and torch.accelerator.is_available())
 
 
 def start_processes(ddp_timeout: float = DEFAULT_DDP_TIMEOUT) -> PartialState:
@@ -87,6 +166,7 @@ def build_accelerator(config: PretrainConfig) -> Accelerator:
         step_scheduler_with_optimizer=False,
     )
 
+
 def _trackers(report_to: str) -> list[str]:
     if report_to == "none":
         return []
@@ -94,13 +174,10 @@ def _trackers(report_to: str) -> list[str]:
         return ["tensorboard"] if is_tensorboard_available() else []
     return [name.strip() for name in report_to.split(",") if name.strip()]
 
-# ---------------------------------------------------------------------------------------------
-# Errors that name the fix for what goes wrong between the processes of a run on several processes or machines.
-# ---------------------------------------------------------------------------------------------
-
 
 class LostProcessError(ScratchBertError):
     """Another process of the launch died or stopped answering: this one stopped too, and nothing more was saved."""
+
 
 def collective_timeout(ddp_timeout: float = DEFAULT_DDP_TIMEOUT) -> timedelta:
     """The deadline of every collective, for `init_process_group(timeout=...)` (`accelerator.start_processes`).
@@ -111,6 +188,7 @@ def collective_timeout(ddp_timeout: float = DEFAULT_DDP_TIMEOUT) -> timedelta:
     if isinstance(ddp_timeout, bool) or not isinstance(ddp_timeout, (int, float)) or not 0 < ddp_timeout < float("inf"):
         raise ScratchBertError(f"ddp_timeout={ddp_timeout!r}: it must be a positive number of seconds (e.g. ddp_timeout: 1800 in a --config file).")
     return timedelta(seconds=ddp_timeout)
+
 
 # ---------------------------------------------------------------------------------------------
 # A process that dies or hangs
@@ -129,6 +207,7 @@ def naming_lost_processes(output_dir: str | Path, ddp_timeout: float = DEFAULT_D
             raise
         raise lost_process_error(error, output_dir, ddp_timeout) from error
 
+
 def is_lost_process(error: BaseException) -> bool:
     """Whether `error` is a collective failing because another process closed its connection or passed the deadline."""
     if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
@@ -136,6 +215,7 @@ def is_lost_process(error: BaseException) -> bool:
     text = str(error).lower()
     from_backend = isinstance(error, dist.DistError) or "gloo" in text or "nccl" in text
     return from_backend and any(marker in text for marker in _CLOSED + _TIMED_OUT)
+
 
 def lost_process_error(error: BaseException, output_dir: str | Path, ddp_timeout: float) -> LostProcessError:
     """The one line for `error`: which process is gone, why this one stopped, what is saved and how to continue.
@@ -162,6 +242,7 @@ def lost_process_error(error: BaseException, output_dir: str | Path, ddp_timeout
         every_process=bool(survivors) and rank != min(survivors),
     )
 
+
 def _resume_advice(output_dir: str | Path) -> str:
     checkpoints = ckpt.list_checkpoints(output_dir)
     if not checkpoints:
@@ -170,6 +251,7 @@ def _resume_advice(output_dir: str | Path) -> str:
         f"nothing was saved after the last complete checkpoint, {checkpoints[-1][1]}: once every machine is up, run "
         "the same launch again on each with --resume to continue from it."
     )
+
 
 class Heartbeat:
     """This process's counter in the launch's key-value store, advanced every `HEARTBEAT_SECONDS` by a daemon thread.
@@ -199,7 +281,9 @@ class Heartbeat:
         self._stopped.set()
         self._thread.join(timeout=2 * self.interval)
 
+
 _heartbeat: Heartbeat | None = None  # one per process, as the process group
+
 
 def start_heartbeat() -> Heartbeat | None:
     """This process's `Heartbeat`, started once, when the launch has more than two processes (with two, the one gone is the other)."""
@@ -211,6 +295,7 @@ def start_heartbeat() -> Heartbeat | None:
         except Exception:  # no store to beat in: a lost process is then named less precisely
             return None
     return _heartbeat
+
 
 def silent_processes(store, world: int, wait_seconds: float = HEARTBEAT_SECONDS * SILENCE_BEATS) -> list[int] | None:
     """The processes whose heartbeat did not advance in `wait_seconds`; None when the store cannot be read."""
@@ -225,6 +310,7 @@ def silent_processes(store, world: int, wait_seconds: float = HEARTBEAT_SECONDS 
         return None
     return [rank for rank in range(world) if after[rank] == before[rank]]
 
+
 def _default_store():
     """The default process group's key-value store (torch keeps it private; None where it cannot be had)."""
     try:
@@ -232,8 +318,10 @@ def _default_store():
     except Exception:
         return None
 
+
 def _processes(ranks: list[int]) -> str:
     return f"process {ranks[0]}" if len(ranks) == 1 else "processes " + ", ".join(map(str, ranks))
+
 
 # ---------------------------------------------------------------------------------------------
 # An output folder the machines do not share
@@ -266,6 +354,7 @@ def check_shared_output_dir(state, output_dir: str | Path, wait_seconds: float =
     if blind:
         raise ScratchBertError(_unshared_message(folder, reports[0], blind), every_process=True)
 
+
 def _write_token(folder: Path) -> tuple[int, str] | None:
     """Write the check's file in `folder` or its nearest existing parent: (levels up, its name); None if it cannot."""
     place, levels = folder, 0
@@ -277,6 +366,7 @@ def _write_token(folder: Path) -> tuple[int, str] | None:
     except OSError:
         return None
     return levels, token
+
 
 def _sees(path: Path, content: str, wait_seconds: float) -> bool:
     """Whether `path` holds `content`, looking again for `wait_seconds` (a network file system's cache may lag)."""
@@ -290,6 +380,7 @@ def _sees(path: Path, content: str, wait_seconds: float) -> bool:
         if time.monotonic() > deadline:
             return False
         time.sleep(0.2)
+
 
 def _unshared_message(folder: Path, main: tuple, blind: list[tuple]) -> str:
     """The refusal: which process sees what, and the fix."""
@@ -306,6 +397,7 @@ def _unshared_message(folder: Path, main: tuple, blind: list[tuple]) -> str:
         "Lustre, ...; the path may differ between machines), and remove a machine's own copy."
     )
 
+
 # ---------------------------------------------------------------------------------------------
 # Different software on different machines
 # ---------------------------------------------------------------------------------------------
@@ -319,6 +411,7 @@ def installed_versions() -> dict[str, str]:
             versions[package] = "not installed"
     return versions
 
+
 def source_digest() -> str:
     """12 hex digits of a hash of the package's Python files: two checkouts with one version number differ here."""
     root = Path(scratchbert.__file__).parent
@@ -326,6 +419,7 @@ def source_digest() -> str:
     for path in sorted(root.rglob("*.py")):
         digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()[:12]
+
 
 def check_same_versions(state, versions: dict[str, str] | None = None) -> None:
     """Refuse, on every process, a launch whose processes run different versions; call on every process.
@@ -345,6 +439,7 @@ def check_same_versions(state, versions: dict[str, str] | None = None) -> None:
             every_process=True,
         )
 
+
 def version_differences(reports: list[tuple[str, dict[str, str]]]) -> str:
     """'' when every process has the same versions; else, per package that differs, which process has which.
 
@@ -359,8 +454,33 @@ def version_differences(reports: list[tuple[str, dict[str, str]]]) -> str:
             parts.append(f"{package} " + ", ".join(f"{version} on {_on(ranks, reports)}" for version, ranks in holders.items()))
     return "; ".join(parts)
 
+
 def _on(ranks: list[int], reports: list[tuple[str, dict]]) -> str:
     """'processes 0, 2 (host-a)': one line whatever the number of processes (a few names, then a count)."""
     hosts = sorted({reports[rank][0] for rank in ranks})
     shown = ", ".join(map(str, ranks[:8])) + (f" and {len(ranks) - 8} more" if len(ranks) > 8 else "")
     return f"{'process' if len(ranks) == 1 else 'processes'} {shown} ({', '.join(hosts[:4])}{', ...' if len(hosts) > 4 else ''})"
+
+
+@contextlib.contextmanager
+def guarded_run(config: PretrainConfig):
+    """Every guarantee of a pretraining run, entered once around it; yields (config, accelerator, lock).
+
+    - one run per output folder at a time (`run_folder.OutputDirLock`, claimed here if the folder exists);
+    - a process that is lost (killed, hung) named in one line with the last checkpoint (`naming_lost_processes`);
+    - the process group started with its deadline, processes running other software refused (`build_accelerator`),
+      an output folder the machines do not share refused before anything is written (`check_shared_output_dir`);
+    - `--mixed-precision auto` settled to one precision for every process (`precision.settle_mixed_precision`);
+    - the CPU kernels each matrix product runs on kept in the folder, so --resume multiplies on the same ones;
+    - `--no-progress-bar` silencing datasets' and transformers' bars too.
+    The config yielded is the run's, with its precision settled.
+    """
+    kernels = cpu_gemm.decisions_kept_in(Path(config.output_dir) / ckpt.KERNEL_DECISIONS_FILE)
+    lost = naming_lost_processes(config.output_dir, config.ddp_timeout)
+    with OutputDirLock(config.output_dir, "scratchbert pretrain") as lock, progress_bars(config.progress_bar), kernels, lost:
+        start_processes(config.ddp_timeout)  # first: the process group's deadline is fixed by whoever starts it
+        config = settle_mixed_precision(config)
+        accelerator = build_accelerator(config)
+        lock.claim(accelerator)
+        check_shared_output_dir(accelerator, config.output_dir)  # before anything is written next to it
+        yield config, accelerator, lock

@@ -39,12 +39,14 @@ class RunLog:
         numbers = {f"{record['type']}/{k}": v for k, v in record.items() if isinstance(v, (int, float)) and k != "step"}
         self.accelerator.log(numbers, step=record.get("step"))
 
+
 class BudgetBar(tqdm):
     """Seconds of training out of a time budget. The last step ends past the budget, and tqdm drops a
     total that `n` has passed (its bar format would then fail on total=None): this bar stops at its total."""
 
     def update(self, n: float = 1) -> bool | None:
         return super().update(max(0.0, min(n, self.total - self.n)))
+
 
 def progress_bar(config: PretrainConfig, accelerator: Accelerator, step: int, training_seconds: float):
     """Steps out of max_steps; with a time budget, seconds of training out of the budget."""
@@ -56,6 +58,7 @@ def progress_bar(config: PretrainConfig, accelerator: Accelerator, step: int, tr
         total=budget, initial=min(training_seconds, budget), desc="pretrain", unit="s", disable=disable, dynamic_ncols=True,
         bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f}s [{elapsed}<{remaining}{postfix}]",
     )  # fmt: skip
+
 
 def train_record(accelerator: Accelerator, window: dict, step: int, epoch: int, scheduler) -> dict:
     """Mean training loss per optimizer step over the logging window, and throughput.
@@ -76,10 +79,12 @@ def train_record(accelerator: Accelerator, window: dict, step: int, epoch: int, 
 # Training curves as a PNG, drawn from the run's JSONL log (no display needed).
 # ---------------------------------------------------------------------------------------------
 
+
 def read_log(path: str | Path) -> list[dict]:
     """The records of a `train_log.jsonl` (one JSON object per line)."""
     lines = Path(path).read_text(encoding="utf-8").splitlines()
     return [json.loads(line) for line in lines if line.strip()]
+
 
 def plot_training_curves(records: list[dict], path: str | Path, title: str = "scratchbert pretraining") -> Path:
     """Draw training loss and held-out MLM loss / MLM accuracy / NSP accuracy (when trained) against steps.
@@ -111,6 +116,7 @@ def plot_training_curves(records: list[dict], path: str | Path, title: str = "sc
     accuracy_axis.set(xlabel="optimizer step", ylabel="accuracy", title="held-out accuracy", ylim=(0, 1))
     figure.suptitle(title)
     return finish_figure(figure, (loss_axis, accuracy_axis), path)
+
 
 def finish_figure(figure, axes, path: str | Path) -> Path:
     """Grid and legend on every axis, then write the figure as a PNG (creating its folder) and close it."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import torch
@@ -22,8 +23,10 @@ def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     keep = [p for p in model.parameters() if p.requires_grad and id(p) in no_decay]
     return [{"params": decay, "weight_decay": weight_decay}, {"params": keep, "weight_decay": 0.0}]
 
+
 # Devices with torch's fused AdamW kernel (torch.utils._foreach_utils lists them; that module is private).
 FUSED_ADAMW_DEVICES = ("cpu", "cuda", "mps", "xpu")
+
 
 def adamw(groups: list[dict], device: torch.device, lr: float, betas: tuple[float, float], eps: float) -> torch.optim.AdamW:
     """AdamW on `groups` (`parameter_groups`), on its fused kernel where `device` has one.
@@ -39,6 +42,7 @@ def adamw(groups: list[dict], device: torch.device, lr: float, betas: tuple[floa
     """
     return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, fused=device.type in FUSED_ADAMW_DEVICES)
 
+
 def warmup_then_linear_decay(max_steps: int, warmup_steps: int):
     """Learning-rate multiplier: 0 -> 1 over `warmup_steps`, then 1 -> 0 at `max_steps`."""
 
@@ -48,6 +52,7 @@ def warmup_then_linear_decay(max_steps: int, warmup_steps: int):
         return max(0.0, (max_steps - step) / max(1, max_steps - warmup_steps))
 
     return factor
+
 
 class TimeBudgetSchedule:
     """Learning-rate multiplier of a time-budgeted run: the same warmup and decay, on elapsed time.
@@ -66,11 +71,13 @@ class TimeBudgetSchedule:
     def __call__(self, step: int) -> float:
         return one_cycle(min(self.elapsed / self.budget_seconds, 1.0), self.warmup_ratio)
 
+
 def one_cycle(progress: float, warmup: float) -> float:
     """The multiplier a fraction `progress` into a cycle: linear up over `warmup`, linear down to 0 at 1."""
     if progress < warmup:
         return max(progress / warmup, 1e-3)  # never exactly 0: the first step must move
     return max(0.0, (1.0 - progress) / max(1e-9, 1.0 - warmup))
+
 
 class TrainingClock:
     """Seconds spent training, carried over when a run is resumed.
@@ -94,8 +101,19 @@ class TrainingClock:
             self._elapsed += self.timer() - self._since
             self._since = None
 
+    @contextlib.contextmanager
+    def paused(self, window: dict):
+        """The clock stopped for the block (evaluation, a checkpoint); the throughput `window` restarts after it."""
+        self.pause()
+        try:
+            yield
+        finally:
+            self.start()
+            window["start"] = time.perf_counter()  # throughput counts training time only
+
     def seconds(self) -> float:
         return self._elapsed + (self.timer() - self._since if self._since is not None else 0.0)
+
 
 def make_scheduler(optimizer, max_steps: int | None, warmup_ratio: float, time_budget: float | None):
     """The run's learning-rate schedule, and its `TimeBudgetSchedule` when it runs on elapsed time (else None).

@@ -74,6 +74,7 @@ def shard(model: PreTrainedModel, accelerator: Accelerator) -> PreTrainedModel:
     fully_shard(model, **settings)  # the root: torch's default keeps it whole from forward to backward
     return model
 
+
 def take_over_wrapping(plugin, model: PreTrainedModel) -> None:
     """Accept the launch's `--fsdp_auto_wrap_policy` where it asks for what `shard` does, and clear it.
 
@@ -93,9 +94,11 @@ def take_over_wrapping(plugin, model: PreTrainedModel) -> None:
         )
     plugin.auto_wrap_policy = None
 
+
 def original_class(model: torch.nn.Module) -> type:
     """The class `model` was built as: under `fully_shard`, the one its FSDP subclass was made from."""
     return next(cls for cls in type(model).__mro__ if not issubclass(cls, FSDPModule))
+
 
 def unsharded_copy(model: PreTrainedModel, full_state_dict: dict[str, torch.Tensor]) -> PreTrainedModel:
     """A model of `model`'s own class and config (the same object) holding `full_state_dict`.

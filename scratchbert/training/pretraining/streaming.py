@@ -49,16 +49,19 @@ STREAM_WINDOW = 10_000  # examples shuffled together; also the most a resume re-
 
 TOKENIZER_SAMPLE_BYTES = 100_000_000  # text a streamed run trains its tokenizer on (without --tokenizer)
 
+
 def is_held_out(text: str, eval_fraction: float) -> bool:
     """A fixed function of the document's text: about `eval_fraction` of documents are held out."""
     digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest()
     return int.from_bytes(digest, "little") / 2**64 < eval_fraction
+
 
 def split_stream(documents: datasets.IterableDataset, eval_fraction: float):
     """(the training documents, the held-out documents), both streams."""
     held_out = documents.filter(lambda example: is_held_out(example["text"], eval_fraction))
     training = documents.filter(lambda example: not is_held_out(example["text"], eval_fraction))
     return training, held_out
+
 
 def first_texts(documents: datasets.IterableDataset, max_bytes: int = TOKENIZER_SAMPLE_BYTES) -> Iterator[str]:
     """The stream's first documents, up to `max_bytes` of text: what a streamed run trains its tokenizer on."""
@@ -69,6 +72,7 @@ def first_texts(documents: datasets.IterableDataset, max_bytes: int = TOKENIZER_
         if read >= max_bytes:
             return
 
+
 def materialize(examples: datasets.IterableDataset, max_examples: int | None, what: str) -> datasets.Dataset:
     """The first `max_examples` examples of a stream (None: all), as an in-memory Dataset (the fixed evaluation set)."""
     rows = list(itertools.islice(examples, max_examples))
@@ -78,6 +82,7 @@ def materialize(examples: datasets.IterableDataset, max_examples: int | None, wh
             "Raise --eval-fraction, lower --max-seq-length or add text."
         )
     return datasets.Dataset.from_list(rows, features=examples.features)
+
 
 class ExampleStream(torch.utils.data.IterableDataset):
     """A datasets `IterableDataset` of examples, shuffled per window, that knows where it is.
@@ -133,6 +138,7 @@ class ExampleStream(torch.utils.data.IterableDataset):
                 yield window * self.window + order[position], buffer[order[position]]
             window, used = window + 1, 0
 
+
 class StreamLoader:
     """This process's batches of an `ExampleStream`, on the training device, with the loader interface `pretrain.train` uses.
 
@@ -168,5 +174,6 @@ class StreamLoader:
                 first = (micro_batch * self.world_size + self.rank) * self.batch_size
                 batch = self.collate_fn(step[first : first + self.batch_size])
                 yield {name: value.to(self.device) for name, value in batch.items()}
+
 
 __all__ = ["STREAM_WINDOW", "ExampleStream", "StreamLoader", "first_texts", "is_held_out", "materialize", "split_stream"]
