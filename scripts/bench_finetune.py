@@ -156,7 +156,7 @@ def main(argv=None) -> None:
 # ---------------------------------------------------------------------------------------------
 OLD_DEFAULTS = {"learning_rate": 5e-5, "epochs": 3.0}  # `scratchbert finetune` before issue 26 (BERT-base's)
 ARM_KEYS = {"lr": "learning_rate", "warmup": "warmup_ratio", "patience": "early_stopping_patience"}  # short names in an arm
-ARM_TYPES = {"min_steps": int, "early_stopping_patience": int, "pooling": str, "soup": int, "windows": int, "truncation": str}  # the rest are numbers
+ARM_TYPES = {"min_steps": int, "early_stopping_patience": int, "pooling": str, "windows": int, "truncation": str}  # the rest are numbers
 
 
 def arm_options(arm: str) -> dict:
@@ -230,7 +230,7 @@ def defaults_main(argv: list[str]) -> None:
                 for seed in args.seeds:
                     start = time.perf_counter()
                     run = finetune_text_classification(
-                        checkpoint, tmp / "out", seed=seed, show_progress=False, overwrite=True, logging_steps=10_000,
+                        checkpoint, tmp / "out", seed=seed, progress_bar=False, overwrite=True, logging_steps=10_000,
                         **files, **extra, **arm_options(arm),
                     )  # fmt: skip
                     record = {

@@ -1,6 +1,6 @@
 """Fine-tune a BERT checkpoint as a text classifier: the same as `scratchbert finetune`.
 
-    python scripts/finetune.py CHECKPOINT --train-file train.csv --output-dir out
+    python scripts/finetune.py CHECKPOINT --train-files train.csv --output-dir out
 """
 
 import sys

@@ -149,7 +149,7 @@ def test_pretrain_expands_quoted_globs(text_dir, model_dir, tmp_path, capsys, fr
 def test_finetune_expands_quoted_globs(labelled_csvs, model_dir, tmp_path, capsys):
     code, out, err = run(
         capsys, "finetune", model_dir, "--train-file", f"{labelled_csvs}/train*.csv", "--output-dir", tmp_path / "clf",
-        "--epochs", "1", "--batch-size", "8", "--max-length", "32", "--no-show-progress",
+        "--epochs", "1", "--batch-size", "8", "--max-length", "32", "--no-progress-bar",
     )  # fmt: skip
     assert code == 0, err
     summary = json.loads(out.strip().splitlines()[-1])
@@ -231,7 +231,7 @@ def test_a_hugging_face_hub_name_is_read_from_the_hubs_cache(hub_cache, model_di
     assert (tmp_path / "bert" / "tokenizer.json").is_file()  # the tokenizer too
     code, out, err = run(
         capsys, "finetune", "scratchbert-test/tiny-mlm", "--train-file", f"{labelled_csvs}/train*.csv", "--output-dir",
-        tmp_path / "clf", "--epochs", "1", "--batch-size", "8", "--max-length", "32", "--no-show-progress",
+        tmp_path / "clf", "--epochs", "1", "--batch-size", "8", "--max-length", "32", "--no-progress-bar",
     )  # fmt: skip
     assert code == 0 and "accuracy" in out.strip().splitlines()[-1], err
 

@@ -43,11 +43,13 @@ from scratchbert import (
     cpu_gemm,
 )
 from scratchbert.tokenization import tokenizer_from_vocab
+from scratchbert.training.finetuning.config import DEFAULT_EARLY_STOPPING_PATIENCE, DEFAULT_EPOCHS, DEFAULT_MIN_STEPS, FinetuneConfig
 from scratchbert.training.finetuning.data import (
     carve_splits,
     check_columns,
     encode_labels,
     hold_out_by_label,
+    in_head_order,
     label_names_of,
     label_warnings,
 )
@@ -60,18 +62,8 @@ from scratchbert.training.finetuning.metrics import (
     token_classification_metrics,
 )
 from scratchbert.training.finetuning.pretrained import CheckpointInfo, default_pooling, load_sequence_classifier
-from scratchbert.training.finetuning.run import (
-    DEFAULT_EARLY_STOPPING_PATIENCE,
-    DEFAULT_EPOCHS,
-    DEFAULT_MIN_STEPS,
-    FinetuneConfig,
-    default_learning_rate,
-    finetune_text_classification,
-    fitted_inputs,
-    fitted_schedule,
-    make_trainer,
-)
-from scratchbert.training.finetuning.windows import classify_texts, head_and_tail, long_text_advice, tokenize_splits, windows_of
+from scratchbert.training.finetuning.run import default_learning_rate, finetune_text_classification, fitted_schedule, make_trainer
+from scratchbert.training.finetuning.windows import classify_texts, fitted_inputs, head_and_tail, long_text_advice, tokenize_splits, windows_of
 
 REPO = Path(__file__).resolve().parents[1]
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -179,7 +171,7 @@ def test_full_determinism_gives_the_same_weights_whatever_the_kernel_timings(tmp
         forget_kernel_choices(monkeypatch)  # what a new process starts with
         finetune_text_classification(
             scratch_checkpoint, tmp_path / name, train_files=[str(train)], epochs=2, batch_size=8, learning_rate=3e-3,
-            seed=0, full_determinism=full_determinism, show_progress=False,
+            seed=0, full_determinism=full_determinism, progress_bar=False,
         )  # fmt: skip
         return load_file(tmp_path / name / "model.safetensors")
 
@@ -376,7 +368,7 @@ def test_a_test_label_that_training_lacks_is_warned_and_saved(tmp_path, capsys, 
     train = write_csv(tmp_path / "train.csv", sentiment_rows(48, seed=4))
     test = write_csv(tmp_path / "test.csv", sentiment_rows(8, seed=5) + [{"text": "w1 w2", "label": "neutral"}])
     out = tmp_path / "out"
-    argv = ["--train-file", train, "--test-file", test, "--output-dir", out, "--epochs", "1", "--soup", "1"]
+    argv = ["--train-file", train, "--test-file", test, "--output-dir", out, "--epochs", "1"]
     assert cli_main(["finetune", str(scratch_checkpoint), *map(str, argv)]) == 0
     expected = {"not_in_train": {"test": {"neutral": 1}}}
     assert json.loads((out / "metrics.json").read_text())["label_warnings"] == expected
@@ -391,18 +383,12 @@ def test_script_is_the_cli_command(cli_main, monkeypatch, capsys):
 
 
 def test_help_stays_short_and_the_finetune_modules_small(monkeypatch, capsys):
-    """At most 32 option lines in `scratchbert finetune --help` (issue 75; the rest are set in --config), and no
-    function of the fine-tuning modules over 60 lines."""
-    import ast
-
+    """At most 32 option lines in `scratchbert finetune --help` (issue 75; the rest are set in --config); the
+    length of functions is tests/test_structure.py's."""
     with pytest.raises(SystemExit):
         scratchbert.commands.main(["finetune", "--help"])
     options = [line for line in capsys.readouterr().out.splitlines() if line.strip().startswith("--")]
     assert 20 < len(options) <= 32, options
-    for path in (REPO / "scratchbert" / "training" / "finetuning").glob("*.py"):
-        tree = ast.parse(path.read_text())
-        long = [f.name for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and f.end_lineno - f.lineno + 1 > 60]
-        assert not long, (path.name, long)
 
 
 def test_empty_or_missing_data_and_occupied_output_dir(tmp_path, capsys, cli_main, scratch_checkpoint):
@@ -426,7 +412,7 @@ def test_a_folder_another_run_is_writing_to_is_refused_even_with_overwrite(tmp_p
     train = write_csv(tmp_path / "train.csv", sentiment_rows(48, seed=4))
     out = tmp_path / "out"
     out.mkdir()
-    argv = ["--train-file", train, "--output-dir", out, "--epochs", "1", "--soup", "1", "--overwrite"]
+    argv = ["--train-file", train, "--output-dir", out, "--epochs", "1", "--overwrite"]
     main_process = type("Main", (), {"is_main_process": True, "num_processes": 1})()
     with OutputDirLock(out, "scratchbert finetune") as other:  # as a first fine-tuning still running there
         other.claim(main_process, writing=True)
@@ -435,15 +421,15 @@ def test_a_folder_another_run_is_writing_to_is_refused_even_with_overwrite(tmp_p
         assert sorted(path.name for path in out.iterdir()) == [LOCK_FILE]  # nothing of the refused run's
 
     held = []  # and a run holds its folder while it trains, and lets go at the end
-    real = finetune_module.train_and_score
+    real = finetune_module.load_sequence_classifier
 
-    def train_while_another_tries(*args, **kwargs):
+    def load_while_another_tries(*args, **kwargs):
         with OutputDirLock(out, "test") as second, pytest.raises(ValueError, match="in use by another run"):
             second.claim(main_process)
         held.append(True)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(finetune_module, "train_and_score", train_while_another_tries)
+    monkeypatch.setattr(finetune_module, "load_sequence_classifier", load_while_another_tries)
     code, err = run_cli(cli_main, capsys, scratch_checkpoint, *argv)
     assert code == 0 and held, err
     assert (out / "metrics.json").is_file() and not (out / LOCK_FILE).exists()
@@ -475,10 +461,11 @@ def test_head_size_mismatch_is_refused_unless_reinitialised(three_label_checkpoi
     assert model.config.id2label == {0: "neg", 1: "pos"} and model.config.label2id == {"neg": 0, "pos": 1}
     kept = load_sequence_classifier(CheckpointInfo.read(three_label_checkpoint), ["a", "b", "c"])
     torch.testing.assert_close(kept.classifier.weight, state["classifier.weight"])
-    # the same names keep the rows their head learned them on; a new head takes the data's order
-    assert CheckpointInfo.read(three_label_checkpoint).label_order(["a", "b", "c"]) == ["c", "a", "b"]
-    assert CheckpointInfo.read(three_label_checkpoint).label_order(["a", "b", "c"], reinit_head=True) == ["a", "b", "c"]
-    assert CheckpointInfo.read(three_label_checkpoint).label_order(["x", "y", "z"]) == ["x", "y", "z"]
+    # the same names keep the rows their head learned them on; a new head (--reinit-head: no head labels) takes the data's order
+    head_labels = CheckpointInfo.read(three_label_checkpoint).head_labels
+    assert head_labels == ("c", "a", "b") and in_head_order(["a", "b", "c"], head_labels) == ["c", "a", "b"]
+    assert in_head_order(["a", "b", "c"], None) == ["a", "b", "c"]
+    assert in_head_order(["x", "y", "z"], head_labels) == ["x", "y", "z"]
     fresh = load_sequence_classifier(CheckpointInfo.read(three_label_checkpoint), ["a", "b", "c"], reinit_head=True)
     assert not torch.equal(fresh.classifier.weight, state["classifier.weight"])
     assert isinstance(fresh, ScratchBertForSequenceClassification)
@@ -534,7 +521,6 @@ def test_finetune_cli_trains_saves_and_serves_a_pipeline(tmp_path, capsys, cli_m
     # the flags win over the defaults fitted to the model and the data
     assert results["schedule"]["learning_rate"] == 3e-3 and results["schedule"]["epochs"] == 6
     assert results["schedule"]["chosen_by"] == {"learning_rate": "given", "epochs": "given"}
-    assert results["schedule"]["soup"] == 1 and "soup" not in results  # one run by default, as Trainer makes
     assert results["inputs"] == {"max_length": 64, "truncation": "head", "windows": 1, "positions": 64}  # 256 capped by the model's 64 positions
     assert results["test"]["accuracy"] == results["validation"]["accuracy"]  # same rows, same (best) model
     epochs = [entry for entry in results["log_history"] if "eval_accuracy" in entry]  # evaluated every epoch, kept the best one
@@ -607,8 +593,7 @@ def test_defaults_follow_the_model_width_and_the_number_of_examples():
     assert accumulated["steps_per_epoch"] == 13 and accumulated["epochs"] == 8
     given = fitted_schedule(FinetuneConfig("ckpt", output_dir="out", learning_rate=1e-5, epochs=1), 128, 405)
     assert (given["learning_rate"], given["epochs"], given["optimizer_steps"]) == (1e-5, 1, 26)
-    assert given["chosen_by"] == {"learning_rate": "given", "epochs": "given"} and given["soup"] == 1  # one run unless --soup
-    assert fitted_schedule(FinetuneConfig("ckpt", output_dir="out", soup=2), 768, 405)["soup"] == 2
+    assert given["chosen_by"] == {"learning_rate": "given", "epochs": "given"}
     with pytest.raises(ValueError, match="min_steps=-1"):
         FinetuneConfig("ckpt", output_dir="out", min_steps=-1)
 
@@ -666,7 +651,7 @@ def test_a_collapsed_classifier_is_reported(tmp_path, caplog, capsys, cli_main, 
     validation = write_csv(tmp_path / "validation.csv", sentiment_rows(48, seed=13))
     out = tmp_path / "out"
     argv = ["--train-file", train, "--validation-file", validation, "--test-file", validation, "--output-dir", out,
-            "--epochs", "2", "--learning-rate", "1e-7", "--no-show-progress"]  # fmt: skip
+            "--epochs", "2", "--learning-rate", "1e-7", "--no-progress-bar"]  # fmt: skip
     with caplog.at_level("WARNING"):
         code = cli_main(["finetune", str(one_class_checkpoint), *map(str, argv)])
     assert code == 0
@@ -686,7 +671,7 @@ def test_without_epochs_training_takes_at_least_min_steps(tmp_path, capsys, cli_
     out = tmp_path / "out"
     code, err = run_cli(
         cli_main, capsys, scratch_checkpoint, "--train-file", train, "--validation-file", train, "--output-dir", out,
-        "--min-steps", "20", "--soup", "1", "--no-show-progress",
+        "--min-steps", "20", "--no-progress-bar",
     )  # fmt: skip
     assert code == 0, err
     results = json.loads((out / "metrics.json").read_text())
@@ -695,140 +680,25 @@ def test_without_epochs_training_takes_at_least_min_steps(tmp_path, capsys, cli_
     assert results["train"]["epoch"] == 5 and len([e for e in results["log_history"] if "eval_accuracy" in e]) == 5
 
 
-# --------------------------------------------------------------------------- model soups
+# --------------------------------------------------------------------------- one name per option
 
 
-def test_a_soup_keeps_the_mean_of_its_runs_best_epochs_and_its_first_run_is_the_single_run(tmp_path, scratch_checkpoint):
-    """`soup=3` from a checkpoint that has learned the task (as a pretrained one has learned the language): three runs
-    on the same labels and validation slice (seeds 7, 8, 9), each keeping its best epoch; the saved model is the
-    element-wise mean of those three, and is what was validated and tested. Its first run is exactly the run
-    `soup=1` makes with the same seed (full determinism)."""
-    train = write_csv(tmp_path / "train.csv", sentiment_rows(64, seed=21))
-    test = write_csv(tmp_path / "test.csv", sentiment_rows(32, seed=22))
-    options = dict(
-        train_files=[str(train)], test_files=[str(test)], epochs=2, batch_size=8, seed=7, full_determinism=True, show_progress=False, keep_checkpoints=True,
-    )  # fmt: skip
-    finetune_text_classification(scratch_checkpoint, tmp_path / "warm", soup=1, epochs=4, **{k: v for k, v in options.items() if k != "epochs"})
-    soup = finetune_text_classification(tmp_path / "warm", tmp_path / "soup", soup=3, **options)
-    single = finetune_text_classification(tmp_path / "warm", tmp_path / "single", soup=1, **options)
-
-    assert soup["schedule"]["soup"] == 3
-    runs = soup["soup"]["members"]
-    assert soup["soup"]["runs"] == 3 and [run["seed"] for run in runs] == [7, 8, 9] and soup["best_checkpoint"] is None
-    assert soup["soup"]["kept"] == "soup" and soup["soup"]["validation"]["loss"] <= soup["soup"]["worst_run_validation_loss"]
-    assert soup["soup"]["worst_run_validation_loss"] == max(run["validation"]["loss"] for run in runs)
-    kept = [load_file(Path(run["best_checkpoint"]) / "model.safetensors") for run in runs]
-    assert all(Path(run["best_checkpoint"]).parent == tmp_path / "soup" / "checkpoints" / f"run-{k}" for k, run in enumerate(runs))
-    assert not torch.equal(kept[0]["classifier.weight"], kept[1]["classifier.weight"])  # three different runs
-    saved = load_file(tmp_path / "soup" / "model.safetensors")
-    for name, tensor in saved.items():
-        mean = torch.stack([run[name].float() for run in kept]).mean(0).to(tensor.dtype) if tensor.is_floating_point() else kept[0][name]
-        torch.testing.assert_close(tensor, mean, rtol=1e-6, atol=1e-7, msg=name)
-
-    # The validation and test scores are the soup's, as a reloaded model gives them; each run's are kept beside them.
-    assert {name: soup["validation"][name] for name in soup["soup"]["validation"]} == pytest.approx(soup["soup"]["validation"])  # the check scored what the results report
-    model = AutoModelForSequenceClassification.from_pretrained(tmp_path / "soup", trust_remote_code=True)
-    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "soup")
-    rows = list(csv.DictReader(open(test)))
-    predicted = classify_texts(model, tokenizer, [row["text"] for row in rows]).argmax(-1)  # as the run read them (its saved config)
-    truth = np.array([model.config.label2id[row["label"]] for row in rows])
-    assert soup["test"]["accuracy"] == pytest.approx(float((predicted == truth).mean()))
-    assert "epoch" not in soup["validation"] and all("epoch" in run["validation"] for run in runs)
-    assert soup["early_stopping"]["optimizer_steps_run"] == 3 * single["early_stopping"]["optimizer_steps_run"]
-    assert {entry["run"] for entry in soup["log_history"]} == {0, 1, 2}
-
-    # Run 0 of the soup is the single run of its seed: the same hold-out, kept epoch and weights.
-    scores = lambda metrics: {name: value for name, value in metrics.items() if "second" not in name and name != "runtime"}  # noqa: E731
-    assert scores(runs[0]["validation"]) == scores(single["validation"])
-    first, alone = load_file(Path(runs[0]["best_checkpoint"]) / "model.safetensors"), load_file(tmp_path / "single" / "model.safetensors")
-    assert all(torch.equal(first[name], alone[name]) for name in alone)
-    assert single["schedule"]["soup"] == 1 and "soup" not in single and single["best_checkpoint"].startswith(str(tmp_path / "single" / "checkpoints" / "checkpoint-"))
-
-
-def test_a_soup_that_falls_to_a_constant_guess_keeps_the_best_run_and_says_so(tmp_path, caplog, scratch_checkpoint, monkeypatch):
-    """A soup that validates worse than every one of its runs (here made a constant guess: the averaged
-    classifier zeroed) is not kept: the run with the best validation score is, saved, validated and tested in
-    its place, and the log says why."""
-    from scratchbert.training.finetuning.soup import WeightAverage
-
-    average = WeightAverage.load_into
-
-    def constant_guess(self, model):
-        average(self, model)
-        torch.nn.init.zeros_(model.classifier.weight)
-        torch.nn.init.zeros_(model.classifier.bias)
-
-    monkeypatch.setattr(WeightAverage, "load_into", constant_guess)
-    train = write_csv(tmp_path / "train.csv", keyword_in_the_middle_rows(192, seed=1))
-    validation = write_csv(tmp_path / "validation.csv", keyword_in_the_middle_rows(64, seed=2))
-    options = dict(
-        epochs=6, learning_rate=3e-3, max_length=8, windows=3, truncation="head+tail", seed=0, full_determinism=True, show_progress=False,
-        keep_checkpoints=True,  # to compare the saved model with the run's kept checkpoint
-    )  # fmt: skip
-    with caplog.at_level("WARNING"):
-        results = finetune_text_classification(
-            scratch_checkpoint, tmp_path / "out", train_files=[str(train)], validation_files=[str(validation)], test_files=[str(validation)],
-            soup=5, **options,
-        )  # fmt: skip
-    runs, record = results["soup"]["members"], results["soup"]
-    assert record["validation"]["loss"] == pytest.approx(np.log(2))  # a constant guess over two classes
-    assert record["validation"]["loss"] > record["worst_run_validation_loss"] == max(run["validation"]["loss"] for run in runs)
-    best = max(range(5), key=lambda k: (runs[k]["validation"]["macro_f1"], -runs[k]["validation"]["loss"]))
-    assert record["kept"] == f"run {best}"
-    saved, chosen = load_file(tmp_path / "out" / "model.safetensors"), load_file(Path(runs[best]["best_checkpoint"]) / "model.safetensors")
-    assert all(torch.equal(saved[name], chosen[name]) for name in chosen)  # the run itself, as it was kept
-    assert results["validation"]["macro_f1"] == pytest.approx(runs[best]["validation"]["macro_f1"])
-    assert set(record["validation"]) == {"loss", "accuracy", "macro_f1", "top_class_share"}  # the soup's own scores, kept beside the run's
-    assert results["test"]["macro_f1"] == pytest.approx(runs[best]["validation"]["macro_f1"])  # the test file is the validation file
-    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "SOUP NOT KEPT" in r.getMessage()]
-    assert len(warnings) == 1 and f"Keeping run {best} (seed {best})" in warnings[0] and "--soup 1" in warnings[0]
-    assert f"the soup's macro_f1 {record['validation']['macro_f1']:.4f}" in warnings[0]
-
-
-def test_a_soup_that_validates_worse_than_every_run_keeps_the_best_run_and_says_so(tmp_path, caplog):
-    """`keep_soup_or_best_run` on its own: a soup whose validation loss is above every run's is replaced by the run
-    with the best `best_metric` (ties: the lower loss), loaded from that run's kept checkpoint, with a warning that
-    names both scores; a soup at or under the worst run's loss is kept as it is. The soup's own scores are recorded
-    either way."""
-    from types import SimpleNamespace
-
-    from safetensors.torch import save_file
-
-    from scratchbert.training.finetuning.soup import Member, keep_soup_or_best_run
-
-    members = []
-    for k, (loss, score) in enumerate([(0.4, 0.80), (0.3, 0.90), (0.5, 0.90)]):
-        folder = tmp_path / f"run-{k}"
-        folder.mkdir()
-        save_file({"weight": torch.full((2, 2), float(k)), "bias": torch.zeros(2)}, folder / "model.safetensors")
-        members.append(Member(7 + k, {}, {"loss": loss, "accuracy": score, "macro_f1": score}, str(folder), {}, []))
-
-    def check(soup_loss: float):
-        model = torch.nn.Linear(2, 2)
-        torch.nn.init.constant_(model.weight, -1.0)  # the soup's weights
-        scores = {"eval_loss": soup_loss, "eval_accuracy": 0.5, "eval_macro_f1": 0.33, "eval_top_class_share": 1.0, "eval_runtime": 0.1}
-        trainer = SimpleNamespace(model=model, compute_metrics=None, predict=lambda data, metric_key_prefix: SimpleNamespace(metrics=scores))
-        return keep_soup_or_best_run(trainer, members, {"document": [0, 1]}, "macro_f1"), model
-
-    with caplog.at_level("WARNING"):
-        record, model = check(0.9)
-    assert record == {"kept": "run 1", "worst_run_validation_loss": 0.5, "validation": {"loss": 0.9, "accuracy": 0.5, "macro_f1": 0.33, "top_class_share": 1.0}}
-    assert torch.equal(model.weight, torch.ones(2, 2))  # run 1's kept checkpoint, loaded in place of the soup
-    warnings = [r.getMessage() for r in caplog.records if "SOUP NOT KEPT" in r.getMessage()]
-    assert len(warnings) == 1 and "Keeping run 1 (seed 8)" in warnings[0] and "the soup's macro_f1 0.3300" in warnings[0] and "--soup 1" in warnings[0]
-
-    record, model = check(0.5)  # no worse than the worst run: the soup stays
-    assert record["kept"] == "soup" and torch.equal(model.weight, torch.full((2, 2), -1.0))
-
-
-def test_soup_option_is_parsed_and_checked():
+def test_options_have_pretrainings_names_and_the_old_spellings_still_read():
+    """`--train-files` and `--progress-bar` as `scratchbert pretrain` spells them (issue 84): `--train-file` still
+    parses (argparse takes an unambiguous start of a flag), a file with the old field names loads, and the soup is gone."""
     from scratchbert.commands import build_parser
 
-    assert build_parser().parse_args(["finetune", "ckpt", "--output-dir", "out", "--soup", "3"]).soup == 3
-    assert FinetuneConfig("ckpt", output_dir="out").soup == 1
-    for bad in (0, -1, 1.5, True):
-        with pytest.raises(ValueError, match=r"soup=.*: it must be a whole number of fine-tuning runs, 1 or more \(--soup\)"):
-            FinetuneConfig("ckpt", output_dir="out", soup=bad)
+    def parsed(*flags):
+        return build_parser().parse_args(["finetune", "ckpt", "--output-dir", "out", *flags])
+
+    assert parsed("--train-file", "x.csv").train_files == ["x.csv"]
+    assert parsed("--train-files", "x.csv", "y.csv").train_files == ["x.csv", "y.csv"]
+    assert parsed("--no-progress-bar").progress_bar is False and parsed("--dataset", "imdb").dataset == "imdb"
+    for gone in (["--show-progress"], ["--soup", "3"]):
+        with pytest.raises(SystemExit):
+            parsed(*gone)
+    old = FinetuneConfig.from_dict({"checkpoint": "ckpt", "output_dir": "out", "show_progress": False, "dataset_name": "imdb"})
+    assert (old.progress_bar, old.dataset) == (False, "imdb")
 
 
 # --------------------------------------------------------------------------- early stopping and pooling
@@ -875,7 +745,7 @@ def test_early_stopping_stops_on_a_plateau_and_keeps_the_first_best_epoch(tmp_pa
     is no improvement), and the first of the tied epochs is kept, as Trainer's `load_best_model_at_end` keeps it."""
     train = write_csv(tmp_path / "train.csv", sentiment_rows(32, seed=15))  # 2 steps of 16 an epoch
     validation = write_csv(tmp_path / "validation.csv", sentiment_rows(32, seed=16))
-    argv = ["--train-file", train, "--validation-file", validation, "--epochs", "6", "--learning-rate", "1e-7", "--no-show-progress"]
+    argv = ["--train-file", train, "--validation-file", validation, "--epochs", "6", "--learning-rate", "1e-7", "--no-progress-bar"]
     code, err = run_cli(cli_main, capsys, untrained_classifier, *argv, "--output-dir", tmp_path / "stopped", "--early-stopping-patience", "2", "--keep-checkpoints")
     assert code == 0, err
     results = json.loads((tmp_path / "stopped" / "metrics.json").read_text())
@@ -922,7 +792,7 @@ def test_finetune_with_mean_pooling_learns_and_saves_it(tmp_path, capsys, cli_ma
     out = tmp_path / "out"
     code, err = run_cli(
         cli_main, capsys, scratch_checkpoint, "--train-file", train, "--validation-file", validation, "--output-dir", out,
-        "--epochs", "6", "--learning-rate", "3e-3", "--pooling", "mean", "--no-show-progress",
+        "--epochs", "6", "--learning-rate", "3e-3", "--pooling", "mean", "--no-progress-bar",
     )  # fmt: skip
     assert code == 0, err
     results = json.loads((out / "metrics.json").read_text())
@@ -959,7 +829,7 @@ def test_windows_read_what_one_window_cuts_off_and_the_saved_folder_scores_what_
         code, err = run_cli(
             cli_main, capsys, scratch_checkpoint, "--train-file", train, "--validation-file", validation, "--test-file", test,
             "--output-dir", out, "--epochs", "6", "--learning-rate", "3e-3", "--max-length", "8", "--windows", windows,
-            "--truncation", truncation, "--no-show-progress",
+            "--truncation", truncation, "--no-progress-bar",
         )  # fmt: skip
         assert code == 0, err
         results = json.loads((out / "metrics.json").read_text())

@@ -321,7 +321,7 @@ def test_budget_bench_gives_every_row_a_seeds_labels_and_keeps_validation_and_te
 
 def test_budget_bench_fine_tunes_again_when_the_commands_defaults_changed(monkeypatch, tmp_path):
     """A run made before a `finetune` default changed is not reused under the same table name."""
-    from scratchbert.training.finetuning import run
+    from scratchbert.training.finetuning import config, run
 
     bench = budget_bench_module(monkeypatch)
     calls = []
@@ -343,7 +343,7 @@ def test_budget_bench_fine_tunes_again_when_the_commands_defaults_changed(monkey
     out = tmp_path / "finetune-a-0"
     first = bench.finetune_scores(args, model, data, 0, out)
     assert bench.finetune_scores(args, model, data, 0, out) == first and len(calls) == 1  # same settings, same defaults: reused
-    monkeypatch.setattr(run, "DEFAULT_WINDOWS", run.DEFAULT_WINDOWS + 1)
+    monkeypatch.setattr(config, "DEFAULT_WINDOWS", config.DEFAULT_WINDOWS + 1)
     bench.finetune_scores(args, model, data, 0, out)
     assert len(calls) == 2  # another default: fine-tuned again
 

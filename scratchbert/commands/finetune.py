@@ -7,7 +7,8 @@ import json
 import logging
 
 from scratchbert.training.config_file import add_config_arguments, config_from_args
-from scratchbert.training.finetuning.run import FinetuneConfig, finetune
+from scratchbert.training.finetuning.config import FinetuneConfig
+from scratchbert.training.finetuning.run import finetune
 
 
 def add_parser(subparsers) -> None:

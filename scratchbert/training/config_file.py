@@ -32,6 +32,7 @@ class ConfigFile:
 
     JOB = "run"
     VERSION: int | None = None
+    RENAMED_OPTIONS: dict[str, str] = {}  # an option's old name -> today's: files saved before a rename still load
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -56,7 +57,10 @@ class ConfigFile:
 
     @classmethod
     def upgrade(cls, values: dict) -> dict:
-        """Saved values in today's terms (a hook for renamed or added options)."""
+        """Saved values in today's terms: renamed options under today's name (a hook for more)."""
+        for old, new in cls.RENAMED_OPTIONS.items():
+            if old in values:
+                values.setdefault(new, values.pop(old))
         return values
 
     def default_layers(self) -> dict[str, str]:
@@ -187,8 +191,7 @@ def add_config_arguments(parser: argparse.ArgumentParser, config_class: type, on
     """One flag per field of `config_class`, plus `--config FILE`.
 
     A field's metadata gives its help text, and optionally "choices", "flag" (its flag name
-    when it is not the field's), "aliases" (more names for it: another command's spelling of the
-    same concept), "positional" and "file_only" (no flag: set in the --config file,
+    when it is not the field's), "positional" and "file_only" (no flag: set in the --config file,
     as rarely changed optimiser constants are). `only`: the fields that get a flag (a command
     that takes a few of the configuration's options; "file_only" does not apply then). Flags
     default to `argparse.SUPPRESS`, so the parsed namespace holds only what the user typed;
@@ -205,7 +208,7 @@ def add_config_arguments(parser: argparse.ArgumentParser, config_class: type, on
         help_text = meta.get("help", "")
         if f.default not in (dataclasses.MISSING, None) and "default" not in help_text:
             help_text += f" (default: {f.default})"
-        names = [f.name] if meta.get("positional") else [meta.get("flag", _flag(f.name)), *meta.get("aliases", ())]
+        names = [f.name] if meta.get("positional") else [meta.get("flag", _flag(f.name))]
         options: dict = {"default": argparse.SUPPRESS, "help": help_text, "dest": f.name}
         if meta.get("positional"):
             options.pop("dest")

@@ -1,5 +1,6 @@
 """Fine-tuning data: read train / validation / test, hold out validation rows, check the cells, and
-turn string or integer labels into ids `0..K-1` (whose names go into the model's `id2label`).
+turn string or integer labels into ids `0..K-1` (whose names go into the model's `id2label`), in
+the order of a checkpoint's trained head where it has one.
 
 `finetune` calls them in this order: `read_splits`, `check_columns` (on the rows in the files'
 order, so an error names the row a user finds), `carve_splits`, `label_names_of`, `encode_labels`,
@@ -31,7 +32,7 @@ def read_splits(
     train_files: Sequence[str | Path] | None = None,
     validation_files: Sequence[str | Path] | None = None,
     test_files: Sequence[str | Path] | None = None,
-    dataset_name: str | None = None,
+    dataset: str | None = None,
     dataset_config: str | None = None,
     train_split: str | None = None,
     validation_split: str | None = None,
@@ -41,7 +42,7 @@ def read_splits(
 
     Give either local `train_files` (CSV/TSV/JSON/JSONL/Parquet, optionally compressed; globs
     are expanded) with optional
-    `validation_files`/`test_files`, or a `dataset_name` for `datasets.load_dataset` with
+    `validation_files`/`test_files`, or a `dataset` for `datasets.load_dataset` with
     split names (`train_split` defaults to "train", `validation_split` to "validation" when
     the dataset has one). `carve_splits` then holds out validation rows and takes subsets.
 
@@ -49,21 +50,21 @@ def read_splits(
         {"train": Dataset, and "validation" and "test" when given}
     """
 
-    if (train_files is None) == (dataset_name is None):
-        raise ScratchBertError("give either local train files (--train-file) or a datasets name (--dataset), not both or neither.")
+    if (train_files is None) == (dataset is None):
+        raise ScratchBertError("give either local train files (--train-files) or a datasets name (--dataset), not both or neither.")
     if train_files is not None and any(x is not None for x in (dataset_config, train_split, validation_split, test_split)):
         raise ScratchBertError(
             "--dataset-config and split names (--train-split, ...) go with --dataset; with local files give --validation-file/--test-file."
         )
-    if dataset_name is not None and (validation_files or test_files):
-        raise ScratchBertError("--validation-file/--test-file go with --train-file; with --dataset choose --validation-split/--test-split.")
+    if dataset is not None and (validation_files or test_files):
+        raise ScratchBertError("--validation-file/--test-file go with --train-files; with --dataset choose --validation-split/--test-split.")
     if train_files is not None:
         splits = {"train": load_table(train_files, "the train data")}
         for name, files in (("validation", validation_files), ("test", test_files)):
             if files:
                 splits[name] = load_table(files, f"the {name} data")
     else:
-        loaded = load_named_dataset(dataset_name, dataset_config)
+        loaded = load_named_dataset(dataset, dataset_config)
         # without an explicit choice, a split named "validation" is used when the dataset has one
         if validation_split is None and "validation" in loaded:
             validation_split = "validation"
@@ -72,7 +73,7 @@ def read_splits(
             if split is None:
                 continue
             if split not in loaded:
-                raise ScratchBertError(f"dataset {dataset_name!r} has no split {split!r} (it has: {', '.join(loaded)}).")
+                raise ScratchBertError(f"dataset {dataset!r} has no split {split!r} (it has: {', '.join(loaded)}).")
             splits[name] = loaded[split]
 
     if len(splits["train"]) == 0:
@@ -185,39 +186,63 @@ def _row(row: int, split: str) -> str:
     """Where a bad cell is, as a user finds it in the files."""
     return f"row {row} of the {split} data (the first row is 1)"
 
-def label_names_of(splits, label_column: str) -> list[str]:
-    """Label names in id order, from the label column of every split.
+def label_names_of(splits, label_column: str, head_labels: Sequence[str | None] | None = None) -> list[str]:
+    """Label names in id order, from the label column of every split; at least two.
 
     A `datasets.ClassLabel` column keeps its own names. String labels are sorted; integer
     labels are sorted by value and named by their value ("0", "1", ...), so labels that
-    already are `0..K-1` keep their ids. Every row has a label (`check_columns`).
+    already are `0..K-1` keep their ids. Every row has a label (`check_columns`). A checkpoint's
+    trained head (`head_labels`: the label of each of its rows; None without one, or to train a
+    new one) keeps its order when it learned the same names (`in_head_order`).
     """
     from datasets import ClassLabel, Value
 
-    feature = splits["train"].features[label_column]
-    if isinstance(feature, ClassLabel):
-        return list(feature.names)
-    kinds = set()
-    for name, split in splits.items():
-        feature = split.features[label_column]
-        kind = LABEL_KINDS.get(feature.dtype) if isinstance(feature, Value) else None
-        if kind is None:
-            types = {type(value) for value in split[label_column] if value is not None}
-            if types == {str, int}:  # `datasets` reads such a JSON column as untyped "Json"
-                raise ScratchBertError(f"column {label_column!r} of the {name} data mixes strings and integers; use one kind of label.")
-            example = next((value for value in split[label_column] if value is not None), None)
-            raise ScratchBertError(
-                f"labels must be strings or integers, but column {label_column!r} of the {name} data holds "
-                f"{getattr(feature, 'dtype', type(feature).__name__)} values (e.g. {example!r}). "
-                "Map them to class names or integer ids first (regression is not supported)."
-            )
-        kinds.add(kind)
-    if len(kinds) > 1:
-        raise ScratchBertError(f"column {label_column!r} holds strings in one split and integers in another; use one kind.")
-    values = {value for split in splits.values() for value in split[label_column]}
-    if kinds == {"integer"}:
-        return [str(int(value)) for value in sorted(values)]
-    return sorted(values)
+    first = splits["train"].features[label_column]
+    if isinstance(first, ClassLabel):
+        names = list(first.names)
+    else:
+        kinds = set()
+        for name, split in splits.items():
+            feature = split.features[label_column]
+            kind = LABEL_KINDS.get(feature.dtype) if isinstance(feature, Value) else None
+            if kind is None:
+                types = {type(value) for value in split[label_column] if value is not None}
+                if types == {str, int}:  # `datasets` reads such a JSON column as untyped "Json"
+                    raise ScratchBertError(f"column {label_column!r} of the {name} data mixes strings and integers; use one kind of label.")
+                example = next((value for value in split[label_column] if value is not None), None)
+                raise ScratchBertError(
+                    f"labels must be strings or integers, but column {label_column!r} of the {name} data holds "
+                    f"{getattr(feature, 'dtype', type(feature).__name__)} values (e.g. {example!r}). "
+                    "Map them to class names or integer ids first (regression is not supported)."
+                )
+            kinds.add(kind)
+        if len(kinds) > 1:
+            raise ScratchBertError(f"column {label_column!r} holds strings in one split and integers in another; use one kind.")
+        values = {value for split in splits.values() for value in split[label_column]}
+        names = [str(int(value)) for value in sorted(values)] if kinds == {"integer"} else sorted(values)
+    if len(names) < 2:
+        raise ScratchBertError(f"the data has a single label ({names[0]!r}); a classifier needs at least two.")
+    names = in_head_order(names, head_labels)
+    logger.info("%d labels: %s; %s", len(names), ", ".join(names), ", ".join(f"{k} {len(v)} rows" for k, v in splits.items()))
+    return names
+
+def in_head_order(label_names: Sequence[str], head_labels: Sequence[str | None] | None) -> list[str]:
+    """`label_names` in the order of a checkpoint's trained head (`head_labels`, the label of each of
+    its rows) when that head was trained on the same names.
+
+    Continuing to fine-tune a classifier must keep each label on the head row that learned it;
+    otherwise (no head, another size, other names) the order is unchanged.
+    """
+    if head_labels is None or len(head_labels) != len(label_names):
+        return list(label_names)
+    if set(head_labels) == set(label_names):
+        return list(head_labels)
+    if not all(name is None or name == f"LABEL_{i}" for i, name in enumerate(head_labels)):
+        logger.warning(
+            "the checkpoint's head was trained on labels %s; it is kept and now predicts %s, row by row "
+            "(pass --reinit-head to start the head afresh)", list(head_labels), list(label_names),
+        )  # fmt: skip
+    return list(label_names)
 
 def encode_labels(splits, label_column: str, label_names: Sequence[str]):
     """Add a "labels" column of ids `0..K-1` (what the model's loss takes)."""

@@ -68,15 +68,12 @@ def document_predictions(logits, labels: np.ndarray, documents: Sequence[int]) -
     document_labels[documents] = labels
     return mean_of_windows(torch.from_numpy(logits), torch.from_numpy(documents), count).numpy(), document_labels
 
-def document_metrics(documents: Sequence[int]):
+def document_metrics(eval_prediction, documents: Sequence[int]) -> dict[str, float]:
     """`compute_metrics` that scores texts, not windows: `sequence_classification_metrics` on the mean logits
-    of each text's windows (`document_predictions`); `documents` (N,) names the text of each row of the split."""
-
-    def compute(eval_prediction) -> dict[str, float]:
-        logits, labels = document_predictions(eval_prediction.predictions, eval_prediction.label_ids, documents)
-        return sequence_classification_metrics(EvalPrediction(logits, labels))
-
-    return compute
+    of each text's windows (`document_predictions`); `documents` (N,) names the text of each row of the split
+    (Trainer is given `functools.partial(document_metrics, documents=split["document"])`)."""
+    logits, labels = document_predictions(eval_prediction.predictions, eval_prediction.label_ids, documents)
+    return sequence_classification_metrics(EvalPrediction(logits, labels))
 
 def predicted_classes(logits) -> np.ndarray:
     """Logits (N, K), or a tuple whose first item they are -> predicted class ids (N,)."""
@@ -124,7 +121,7 @@ def report_collapse(log_history: list[dict], outputs: dict, label_names: Sequenc
     """Whether the kept model gives (nearly) every example one class (`collapse_of`), split by split.
 
     `outputs` maps split names to (logits (D, K), labels (D,)) of each text; `log_history` is
-    Trainer's (every run's, for a soup). Returns None, or the collapsed
+    Trainer's. Returns None, or the collapsed
     splits with "epochs_collapsed" ("E of N" evaluated epochs) and "advice"; each is also logged
     as a warning.
     """

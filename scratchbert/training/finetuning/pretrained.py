@@ -1,8 +1,8 @@
 """What a checkpoint is, read once (`CheckpointInfo.read`), and the classifier loaded from it.
 
-`finetune` reads the checkpoint folder here and nowhere else: its config.json, the size of its
-classification head (from the weight files' headers) and, from those, the label order and the
-pooling a classifier keeps, then `load_sequence_classifier` builds the model from the same object.
+`finetune` reads the checkpoint folder here and nowhere else: its config.json and the size and
+labels of its classification head (from the weight files' headers), once; the pooling a classifier
+keeps follows from them, and `load_sequence_classifier` builds the model from the same object.
 """
 
 from __future__ import annotations
@@ -37,7 +37,11 @@ class CheckpointInfo:
     name: str  # as the user gave it: a folder or a Hub name
     folder: Path  # the local folder (a Hub name's cached copy)
     config: dict  # config.json
+    hidden_size: int
+    positions: int  # rows of the position table: the most tokens an example can have
+    vocab_size: int | None
     head_size: int | None  # rows of the classification head (its labels), None without one
+    head_labels: tuple[str | None, ...] | None  # the label each row of the head was trained on (config.json's id2label)
 
     @classmethod
     def read(cls, checkpoint: str | Path) -> CheckpointInfo:
@@ -45,34 +49,12 @@ class CheckpointInfo:
         folder = model_folder(checkpoint)
         check_weights(folder)
         shape = tensor_shape(folder, HEAD_KEY)  # from the weight files' headers only
-        return cls(str(checkpoint), folder, read_model_config(folder), shape[0] if shape is not None else None)
-
-    @property
-    def hidden_size(self) -> int:
-        return self.config.get("hidden_size", 768)
-
-    @property
-    def positions(self) -> int:
-        return self.config.get("max_position_embeddings", 512)
-
-    def label_order(self, label_names: Sequence[str], reinit_head: bool = False) -> list[str]:
-        """`label_names` in the order of the checkpoint's head when that head was trained on the same names.
-
-        Continuing to fine-tune a classifier must keep each label on the head row that learned it;
-        otherwise (no head, another size, other names, or `reinit_head`) the order is unchanged.
-        """
-        if reinit_head or self.head_size != len(label_names):
-            return list(label_names)
-        id2label = self.config.get("id2label") or {}
-        head_names = [id2label.get(str(i)) for i in range(len(label_names))]
-        if set(head_names) == set(label_names):
-            return head_names
-        if not all(name is None or name == f"LABEL_{i}" for i, name in enumerate(head_names)):
-            logger.warning(
-                "the checkpoint's head was trained on labels %s; it is kept and now predicts %s, row by row "
-                "(pass --reinit-head to start the head afresh)", head_names, list(label_names),
-            )  # fmt: skip
-        return list(label_names)
+        config = read_model_config(folder)
+        head_size = shape[0] if shape is not None else None
+        id2label = config.get("id2label") or {}
+        head_labels = tuple(map(id2label.get, map(str, range(head_size)))) if head_size is not None else None
+        hidden_size, positions = config.get("hidden_size", 768), config.get("max_position_embeddings", 512)
+        return cls(str(checkpoint), folder, config, hidden_size, positions, config.get("vocab_size"), head_size, head_labels)
 
     def pooling(self, pooling: str | None = None, reinit_head: bool = False) -> tuple[str, str]:
         """The pooling the classifier will read (`ScratchBertConfig.classifier_pooling`), and why.
@@ -154,6 +136,8 @@ def load_sequence_classifier(
     if model_class is None:
         from scratchbert import ScratchBertForSequenceClassification as model_class
     num_labels, head_size = len(label_names), checkpoint.head_size
+    id2label = dict(enumerate(label_names))
+    label2id = dict(zip(label_names, range(num_labels)))
     if head_size is not None and head_size != num_labels and not reinit_head:
         raise ScratchBertError(
             f"the checkpoint {checkpoint.name} has a classification head for {head_size} labels, but the data has "
@@ -169,10 +153,9 @@ def load_sequence_classifier(
     else:
         raise ScratchBertError(f"pooling={pooling!r} needs scratchbert's classifier: {model_class.__name__} pools the [CLS] vector only.")
     logger.info("the classifier reads %s (%s)", POOLING_WORDS[pooling], chosen_by)
-    id2label = dict(enumerate(label_names))
     with quiet_loading():  # the report below says what transformers' table would, in words
         model, loading = model_class.from_pretrained(
-            str(checkpoint.folder), num_labels=num_labels, id2label=id2label, label2id={name: i for i, name in id2label.items()},
+            str(checkpoint.folder), num_labels=num_labels, id2label=id2label, label2id=label2id,
             ignore_mismatched_sizes=reinit_head,  # only reached with a mismatch when the user asked for a new head
             output_loading_info=True, **options,
         )  # fmt: skip

@@ -1,5 +1,5 @@
 """What a classifier reads of a text: which tokens (`truncation`), how many (`max_length`) and in how
-many windows, for training (`tokenize_splits`) and for prediction (`classify_texts`) alike.
+many windows, for training (`fitted_inputs`, `tokenize_splits`) and for prediction (`classify_texts`) alike.
 
 The saved classifier's config records the three (`INPUT_KEYS`), so `classify_texts` reads a text as
 the run that trained the model did.
@@ -53,6 +53,14 @@ def check_max_length(max_length: int, positions: int) -> None:
     """Fail, naming the limits, when `max_length` tokens do not fit the model's `positions` or leave no room for text."""
     if not 2 <= max_length <= positions:
         raise ScratchBertError(f"max_length must be between 2 (room for [CLS] and [SEP]) and the model's {positions} positions, got {max_length}.")
+
+def fitted_inputs(options, positions: int) -> dict:
+    """How many tokens of each example the classifier reads, and which: `options`' `max_length` (default
+    `DEFAULT_MAX_LENGTH`, or the model's `positions` if fewer), `truncation` and `windows` (`options`: a
+    `FinetuneConfig`, or anything with the three). -> {"max_length", "truncation", "windows", "positions"}"""
+    max_length = options.max_length if options.max_length is not None else min(DEFAULT_MAX_LENGTH, positions)
+    check_max_length(max_length, positions)
+    return {"max_length": max_length, "truncation": options.truncation, "windows": options.windows, "positions": positions}
 
 def window_examples(texts: Sequence[str], tokenizer, max_length: int, truncation: str, windows: int) -> tuple[list[list[int]], list[int]]:
     """The `[CLS] window [SEP]` token ids of each text's windows (`windows_of`, `max_length` tokens
