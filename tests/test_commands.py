@@ -124,10 +124,10 @@ def test_one_concept_has_one_flag_in_every_command(flag):
 
 
 def test_train_tokenizer_expands_quoted_globs(text_dir, tmp_path, capsys):
-    code, out, err = run(capsys, "train-tokenizer", "--files", f"{text_dir}/*.txt", "--vocab-size", "70", "--min-frequency", "1", "--out", tmp_path / "tok")
+    code, out, err = run(capsys, "train-tokenizer", "--train-files", f"{text_dir}/*.txt", "--vocab-size", "70", "--min-frequency", "1", "--output-dir", tmp_path / "tok")
     assert code == 0, err
     assert (tmp_path / "tok" / "vocab.txt").is_file() and "saved an uncased WordPiece tokenizer" in out
-    code, _, err = run(capsys, "train-tokenizer", "--files", f"{text_dir}/*.md", "--out", tmp_path / "tok2")
+    code, _, err = run(capsys, "train-tokenizer", "--train-files", f"{text_dir}/*.md", "--output-dir", tmp_path / "tok2")
     assert code == 2 and "matches the glob" in err and len(err.strip().splitlines()) == 1
 
 

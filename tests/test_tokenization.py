@@ -546,7 +546,7 @@ def test_cli_trains_and_saves_a_loadable_tokenizer(tmp_path, capsys):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n".join(SENTENCES), encoding="utf-8")
     out = tmp_path / "tokenizer"
-    assert cli_main(["train-tokenizer", "--files", str(corpus), "--vocab-size", "150", "--cased", "--out", str(out)]) == 0
+    assert cli_main(["train-tokenizer", "--train-files", str(corpus), "--vocab-size", "150", "--no-lowercase", "--output-dir", str(out)]) == 0
     assert "saved a cased WordPiece tokenizer of" in capsys.readouterr().out
     reloaded = AutoTokenizer.from_pretrained(out)
     assert reloaded("DOG")["input_ids"] != reloaded("dog")["input_ids"]
@@ -558,7 +558,7 @@ def test_cli_trains_from_a_dataset_file(tmp_path):
     with gzip.open(data, "wt", encoding="utf-8") as file:
         file.writelines(json.dumps({"review": text, "label": 1}) + "\n" for text in SENTENCES)
     out = tmp_path / "tokenizer"
-    argv = ["train-tokenizer", "--dataset", str(data), "--text-column", "review", "--vocab-size", "120", "--out", str(out)]
+    argv = ["train-tokenizer", "--dataset", str(data), "--text-column", "review", "--vocab-size", "120", "--output-dir", str(out)]
     assert cli_main(argv) == 0
     assert AutoTokenizer.from_pretrained(out).tokenize("The DOG") == ["the", "dog"]
 
@@ -570,25 +570,25 @@ def run_cli_error(argv, capsys) -> str:
 
 def test_cli_errors_are_one_clear_line(tmp_path, capsys):
     out = str(tmp_path / "out")
-    assert "no such text file: " in run_cli_error(["--files", str(tmp_path / "nope.txt"), "--out", out], capsys)
+    assert "no such text file: " in run_cli_error(["--train-files", str(tmp_path / "nope.txt"), "--output-dir", out], capsys)
 
     empty = tmp_path / "empty.txt"
     empty.write_text("")
-    assert "corpus is empty" in run_cli_error(["--files", str(empty), "--out", out], capsys)
+    assert "corpus is empty" in run_cli_error(["--train-files", str(empty), "--output-dir", out], capsys)
 
     blank = tmp_path / "blank.txt"
     blank.write_text("\n   \n\t\n")
-    assert "corpus is empty" in run_cli_error(["--files", str(blank), "--out", out], capsys)
+    assert "corpus is empty" in run_cli_error(["--train-files", str(blank), "--output-dir", out], capsys)
 
     latin1 = tmp_path / "latin1.txt"
     latin1.write_bytes("na\xefve caf\xe9\n".encode("latin-1"))
-    message = run_cli_error(["--files", str(latin1), "--out", out], capsys)
+    message = run_cli_error(["--train-files", str(latin1), "--output-dir", out], capsys)
     assert "latin1.txt is not valid utf-8 text" in message and "Traceback" not in message
 
     data = tmp_path / "data.jsonl"
     data.write_text(json.dumps({"body": "text"}) + "\n")
-    assert "no column 'text'" in run_cli_error(["--dataset", str(data), "--out", out], capsys)
-    assert "no such corpus file" in run_cli_error(["--dataset", str(tmp_path / "missing.jsonl"), "--out", out], capsys)
+    assert "no column 'text'" in run_cli_error(["--dataset", str(data), "--output-dir", out], capsys)
+    assert "no such corpus file" in run_cli_error(["--dataset", str(tmp_path / "missing.jsonl"), "--output-dir", out], capsys)
     assert not (tmp_path / "out").exists()  # nothing written by failed runs
 
 
@@ -596,16 +596,16 @@ def test_cli_never_overwrites_a_saved_tokenizer_silently(tmp_path, capsys):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n".join(SENTENCES), encoding="utf-8")
     out = tmp_path / "tokenizer"
-    argv = ["--files", str(corpus), "--vocab-size", "120", "--out", str(out)]
+    argv = ["--train-files", str(corpus), "--vocab-size", "120", "--output-dir", str(out)]
     assert cli_main(["train-tokenizer", *argv]) == 0
     saved = (out / "tokenizer.json").read_bytes()
     assert "already holds a tokenizer" in run_cli_error(argv, capsys)
     assert (out / "tokenizer.json").read_bytes() == saved
-    assert cli_main(["train-tokenizer", *argv, "--overwrite", "--cased"]) == 0
+    assert cli_main(["train-tokenizer", *argv, "--overwrite", "--no-lowercase"]) == 0
 
 
 def test_cli_needs_exactly_one_source(tmp_path):
     with pytest.raises(SystemExit):
-        cli_main(["train-tokenizer", "--out", str(tmp_path)])
+        cli_main(["train-tokenizer", "--output-dir", str(tmp_path)])
     with pytest.raises(SystemExit):
-        cli_main(["train-tokenizer", "--files", "a.txt", "--dataset", "imdb", "--out", str(tmp_path)])
+        cli_main(["train-tokenizer", "--train-files", "a.txt", "--dataset", "imdb", "--output-dir", str(tmp_path)])

@@ -19,15 +19,15 @@ def add_parser(subparsers) -> None:
         "tokenizer_config.json) so that AutoTokenizer.from_pretrained(OUT) loads it.",
     )
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--train-files", "--files", dest="files", nargs="+", metavar="PATH", help="text files or globs (quoted), .gz/.bz2/.xz read too; one or more texts per line")
+    source.add_argument("--train-files", dest="files", nargs="+", metavar="PATH", help="text files or globs (quoted), .gz/.bz2/.xz read too; one or more texts per line")
     source.add_argument("--dataset", metavar="NAME", help="a datasets name or folder, a save_to_disk folder, or .jsonl/.csv/.parquet files")
     parser.add_argument("--text-column", default="text", help="column of --dataset holding the text (default: text)")
     parser.add_argument("--split", default="train", help="split of --dataset to read (default: train)")
     parser.add_argument("--vocab-size", type=int, default=30522, help="tokens in the vocabulary (default: 30522, BERT's)")
     parser.add_argument("--min-frequency", type=int, default=2, help="merge only pairs seen this often (default: 2)")
-    parser.add_argument("--no-lowercase", "--cased", dest="cased", action="store_true", help="keep case and accents (default: lowercase and strip accents)")
+    parser.add_argument("--no-lowercase", dest="cased", action="store_true", help="keep case and accents (default: lowercase and strip accents)")
     parser.add_argument("--model-max-length", type=int, default=512, help="longest input of the model (default: 512)")
-    parser.add_argument("--output-dir", "--out", dest="out", required=True, metavar="DIR", help="directory to save the tokenizer in")
+    parser.add_argument("--output-dir", dest="out", required=True, metavar="DIR", help="directory to save the tokenizer in")
     parser.add_argument("--overwrite", action="store_true", help="replace a tokenizer already saved in --output-dir")
     parser.set_defaults(func=run)
 
