@@ -477,3 +477,17 @@ def available_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # macOS and Windows have no affinity masks
         return os.cpu_count() or 1
+
+
+def check_vocabulary(tokenizer, model_config) -> None:
+    """The tokenizer's ids must index the model's embedding table one to one."""
+    if len(tokenizer) != model_config.vocab_size:
+        raise ScratchBertError(
+            f"the tokenizer has {len(tokenizer)} tokens but the model's vocab_size is {model_config.vocab_size}: "
+            "ids would index the wrong (or no) embedding rows. Use the tokenizer the model was built for, or "
+            "set --vocab-size to the tokenizer's size (or leave it out)."
+        )
+    if tokenizer.pad_token_id != model_config.pad_token_id:
+        raise ScratchBertError(
+            f"the tokenizer's [PAD] id is {tokenizer.pad_token_id} but the model's pad_token_id is {model_config.pad_token_id}."
+        )

@@ -158,20 +158,6 @@ def build_long_dataset(config: PretrainConfig, tokenizer, train_docs, accelerato
     return dataset
 
 
-def check_vocabulary(tokenizer, model_config) -> None:
-    """The tokenizer's ids must index the model's embedding table one to one."""
-    if len(tokenizer) != model_config.vocab_size:
-        raise ScratchBertError(
-            f"the tokenizer has {len(tokenizer)} tokens but the model's vocab_size is {model_config.vocab_size}: "
-            "ids would index the wrong (or no) embedding rows. Use the tokenizer the model was built for, or "
-            "set --vocab-size to the tokenizer's size (or leave it out)."
-        )
-    if tokenizer.pad_token_id != model_config.pad_token_id:
-        raise ScratchBertError(
-            f"the tokenizer's [PAD] id is {tokenizer.pad_token_id} but the model's pad_token_id is {model_config.pad_token_id}."
-        )
-
-
 def build_datasets(config: PretrainConfig, tokenizer, train_docs: Sequence[str], eval_docs: Sequence[str]):
     """Example datasets for training and evaluation (`datasets.Dataset`s), as `config.packing` says.
 
@@ -277,19 +263,25 @@ class EpochPermutation(torch.utils.data.Sampler[int]):
 
 
 def _collate(config: PretrainConfig, tokenizer, seed: int, evaluation: bool = False) -> SeededCollator:
-    # Evaluation masks at BERT's 15% with BERT's 80/10/10 whatever the training recipe: every
-    # evaluation, and every recipe, is scored on the same kind of task.
+    """The masking collator of training batches or, with `evaluation`, of held-out ones.
+
+    Evaluation masks at BERT's 15% with BERT's 80/10/10 whatever the training recipe: every
+    evaluation, and every recipe, is scored on the same kind of task. Without NSP the model takes
+    no next_sentence_label (sentence pairs still carry one).
+    """
     if evaluation:
-        masking = {"mlm_probability": EVAL_MLM_PROBABILITY}
+        masking = DataCollatorForPretraining(tokenizer, mlm_probability=EVAL_MLM_PROBABILITY, whole_word_mask=config.whole_word_mask)
     else:
-        masking = {name: getattr(config, name) for name in ("mlm_probability", "mask_replace_prob", "random_replace_prob")}
-    collator = DataCollatorForPretraining(tokenizer, whole_word_mask=config.whole_word_mask, **masking)
-    # Without NSP the model takes no next_sentence_label (sentence pairs still carry one).
-    inputs = MODEL_INPUTS if config.nsp else MLM_INPUTS
-    return SeededCollator(collator, seed, model_inputs=inputs)
+        masking = DataCollatorForPretraining(
+            tokenizer, mlm_probability=config.mlm_probability, mask_replace_prob=config.mask_replace_prob,
+            random_replace_prob=config.random_replace_prob, whole_word_mask=config.whole_word_mask,
+        )  # fmt: skip
+    return SeededCollator(masking, seed, model_inputs=MODEL_INPUTS if config.nsp else MLM_INPUTS)
 
 
 def _shuffled_loader(config: PretrainConfig, dataset: datasets.Dataset, collate: SeededCollator, batch_size: int, seed: int, num_processes: int) -> DataLoader:
+    """Batches of `dataset` in `EpochPermutation`'s order: whole optimizer steps of every process only."""
+    examples = IndexedDataset(dataset)
     step_examples = global_batch.examples_per_step(batch_size, config.gradient_accumulation_steps, num_processes)
     if len(dataset) < step_examples:
         raise ScratchBertError(
@@ -300,19 +292,16 @@ def _shuffled_loader(config: PretrainConfig, dataset: datasets.Dataset, collate:
     # Each DataLoader gets its own generator: starting an iteration draws a worker base seed
     # from it, and from torch's global RNG (dropout's stream) if it had none — which would
     # shift dropout in a resumed run, since it starts iterating at a different moment.
-    return DataLoader(
-        IndexedDataset(dataset),
-        batch_size=batch_size,
-        sampler=EpochPermutation(len(dataset), seed, step_examples),
-        collate_fn=collate,
-        num_workers=config.num_workers,
-        generator=torch.Generator().manual_seed(seed),
-    )
+    sampler = EpochPermutation(len(dataset), seed, step_examples)
+    return DataLoader(examples, batch_size=batch_size, sampler=sampler, collate_fn=collate, num_workers=config.num_workers,
+                      generator=torch.Generator().manual_seed(seed))  # fmt: skip
 
 
 def make_dataloaders(config: PretrainConfig, tokenizer, train_dataset, eval_dataset, accelerator: Accelerator | None = None):
+    """The training loader (shuffled by epoch, or a stream's), the held-out loader, and the training collator."""
     train_collate = _collate(config, tokenizer, config.seed)
     eval_collate = _collate(config, tokenizer, config.seed + 1, evaluation=True)
+    held_out = IndexedDataset(eval_dataset)
     num_processes = accelerator.num_processes if accelerator is not None else 1
     if isinstance(train_dataset, datasets.IterableDataset):
         train_loader = streaming.StreamLoader(
@@ -321,13 +310,8 @@ def make_dataloaders(config: PretrainConfig, tokenizer, train_dataset, eval_data
         )  # fmt: skip
     else:
         train_loader = _shuffled_loader(config, train_dataset, train_collate, config.batch_size, config.seed, num_processes)
-    eval_loader = DataLoader(
-        IndexedDataset(eval_dataset),
-        batch_size=config.batch_size,
-        collate_fn=eval_collate,
-        num_workers=config.num_workers,
-        generator=torch.Generator().manual_seed(config.seed + 1),
-    )
+    eval_loader = DataLoader(held_out, batch_size=config.batch_size, collate_fn=eval_collate, num_workers=config.num_workers,
+                             generator=torch.Generator().manual_seed(config.seed + 1))  # fmt: skip
     return train_loader, eval_loader, train_collate
 
 

@@ -64,8 +64,8 @@ from scratchbert.training.pretraining.checkpoint import (
     prepare_output_dir,
     save_final_model,
 )
-from scratchbert.training.pretraining.config import PretrainConfig
-from scratchbert.training.pretraining.corpus import build_data, check_vocabulary, make_dataloaders, make_long_loader
+from scratchbert.training.pretraining.config import PretrainConfig, check_vocabulary
+from scratchbert.training.pretraining.corpus import build_data, make_dataloaders, make_long_loader
 from scratchbert.training.pretraining.evaluation import evaluate, held_out_passages, plateau_report, weight_checksum
 from scratchbert.training.pretraining.masking import SeededCollator
 from scratchbert.training.pretraining.precision import warn_if_fp32_is_faster
@@ -443,8 +443,12 @@ def shut_down(run: Run) -> None:
 def _announce(run: Run, log: RunLog) -> None:
     """The run's first log record and the one line a user reads before the progress bar."""
     config, accelerator = run.config, run.accelerator
-    parameters = sum(p.numel() for p in run.model.parameters())
-    accelerator.init_trackers("pretrain", config={k: str(v) if isinstance(v, list) else v for k, v in config.to_dict().items()})
+    parameters = sum(map(torch.numel, run.model.parameters()))
+    tracked = config.to_dict()
+    for name, value in tracked.items():  # trackers take numbers and text: a list of files as its text
+        if isinstance(value, list):
+            tracked[name] = str(value)
+    accelerator.init_trackers("pretrain", config=tracked)
     log.write(
         {
             "type": "start", "step": run.position.step, "num_processes": accelerator.num_processes, "device": str(accelerator.device),

@@ -475,9 +475,10 @@ def guarded_run(config: PretrainConfig):
     - `--no-progress-bar` silencing datasets' and transformers' bars too.
     The config yielded is the run's, with its precision settled.
     """
-    kernels = cpu_gemm.decisions_kept_in(Path(config.output_dir) / ckpt.KERNEL_DECISIONS_FILE)
     lost = naming_lost_processes(config.output_dir, config.ddp_timeout)
-    with OutputDirLock(config.output_dir, "scratchbert pretrain") as lock, progress_bars(config.progress_bar), kernels, lost:
+    lock = OutputDirLock(config.output_dir, "scratchbert pretrain")
+    kernels = cpu_gemm.decisions_kept_in(Path(config.output_dir) / ckpt.KERNEL_DECISIONS_FILE)
+    with lost, lock, kernels, progress_bars(config.progress_bar):
         start_processes(config.ddp_timeout)  # first: the process group's deadline is fixed by whoever starts it
         config = settle_mixed_precision(config)
         accelerator = build_accelerator(config)
