@@ -20,7 +20,7 @@ The model is sharded by `scratchbert.training.pretraining.sharding.shard` before
 loop would; `--accelerate-wrapping` first records what a step does when accelerate's own
 `fsdp2_prepare_model` shards it instead. Each launch trains with scratchbert's AdamW (`adamw`,
 fused on CPU), parameter groups and schedule, checkpoints with `checkpoint.save_checkpoint` /
-`load_checkpoint` and saves the final model with `output_folder.save_final_model`, as `scratchbert
+`load_checkpoint` and saves the final model with `checkpoint.save_final_model`, as `scratchbert
 pretrain` does. `--ddp-reference` first trains the same model on the same batches under torch's
 DistributedDataParallel. The main process writes OUT/report.json (losses, how the model was
 sharded), OUT/model/ (the final model) and OUT/ddp.safetensors (the DDP run's final weights).

@@ -163,7 +163,7 @@ def build_datasets(config: PretrainConfig, tokenizer, train_docs: Sequence[str],
 
     Prepared once: for documents in the Arrow cache (`load_corpus`), every step is cached
     beside them under a key made of the documents (the corpus files' paths, sizes and
-    modification times, and the split), the tokenizer's content, the options and data.py's
+    modification times, and the split), the tokenizer's content, the options and examples.py's
     code, so a second run, a resume or another model with the same corpus, tokenizer and
     options reads the examples instead of tokenizing again, and an edited corpus or another
     tokenizer builds new ones.

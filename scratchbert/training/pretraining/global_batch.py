@@ -10,7 +10,7 @@ make that so, each in its own place:
    fewer than one step's examples, is left out, as `drop_last` would). Accelerate deals batch j
    of B examples to process j mod N, so step s trains on examples s*G .. (s+1)*G-1 of the order
    (G = N * B * k) on any N. A stream does the same with `streaming.StreamLoader`.
-2. **The same masks.** `collator.SeededCollator` draws each example's masks from (seed, epoch,
+2. **The same masks.** `masking.SeededCollator` draws each example's masks from (seed, epoch,
    the example's index), not from the batch it lands in.
 3. **Every labelled token weighs the same.** Each micro-batch's loss is summed over its labelled
    tokens and divided by the count of the whole global batch (`GlobalCounts`: MLM tokens and NSP

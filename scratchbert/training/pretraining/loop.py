@@ -6,26 +6,24 @@ One loop, the same on a laptop core or a cluster, written with Hugging Face Acce
     accelerate launch -m scratchbert.commands.pretrain ...   # as many processes as `accelerate config` says
     accelerate launch scripts/pretrain.py ...                 # the same, through the thin script
 
-`pretrain(config)` reads as four steps, each a function below:
+`pretrain(config)` reads as a training script does, one function per stage:
 
-  1. `setup`     `PretrainConfig` -> an `Accelerator` (`accelerator.py`); the corpus, the tokenizer
-                 and the example datasets (`corpus.py`) are built and checked *before* the output
-                 folder is touched (a bad input never damages a finished run); then the folder is
-                 prepared (`output_folder.py`), and the model (`models.py`: `ScratchBertForMaskedLM`,
-                 or with NSP `ScratchBertForPreTraining`), AdamW and the schedule (over steps or, with
-                 `--time-budget`, over elapsed training time: `schedules.py`) are made and `prepare`d.
-                 The recipe (config.RECIPES) decides what the examples are: contiguous
-                 text packed to full length (`packed`, the default) or NSP sentence pairs
-                 (`paper`).
-  2. `resume`    with `--resume`, the latest checkpoint's weights, optimizer, schedule,
-                 RNG states and position in the data.
-  3. `train`     `accumulate` / `backward` / clip / step, until max_steps or the budget;
-                 each optimizer step then logs (`run_log.py`), evaluates (`evaluation.py`: held-out MLM
-                 loss / accuracy / perplexity and NSP accuracy, at 15% masking whatever the
-                 training rate) and checkpoints on its schedule (`after_step`).
-  4. `finish`    `save_pretrained` of model and tokenizer (loadable with the Auto classes
-                 and `pipeline("fill-mask")`), a PNG of the curves, and an orderly
-                 shutdown of the processes.
+  0. the guarantees  `processes.guarded_run`, entered once around the whole run: one run per output
+                     folder, processes that run the same software and share the folder, a lost process
+                     named in one line, `--mixed-precision auto` settled, the CPU kernels' timings kept.
+  1. `setup`         data (`corpus.py`: documents -> tokenizer -> examples, `examples.py` -> loaders that
+                     mask, `masking.py`), built and checked *before* the output folder is touched (a bad
+                     input never damages a finished run); the model (`PretrainConfig.new_model`: the MLM
+                     head alone, or with NSP in the paper's recipe); the folder written (`checkpoint.py`);
+                     AdamW and the schedule, over steps or the `--time-budget` (`schedules.py`); with
+                     `--resume`, the latest checkpoint's weights, optimizer, schedule, RNG states and place.
+  2. `train`         the step loop, each block named where it runs: batch -> forward -> loss over the
+                     global counts (`global_batch.py`) -> backward -> optimizer step -> log (`run_log.py`)
+                     -> evaluate (`evaluation.py`, at 15% masking whatever the training rate) -> checkpoint.
+  3. `finish`        the final evaluation, `save_pretrained` of model and tokenizer (loadable with the Auto
+                     classes and `pipeline("fill-mask")`), a PNG of the curves, an orderly shutdown.
+
+docs/walkthrough.md follows one step of this loop by hand.
 
 Exact resumption needs every random draw to be reproducible from the checkpoint:
   - data order: `corpus.EpochPermutation` (seed + epoch) and Accelerate's `skip_first_batches`;
@@ -34,7 +32,7 @@ Exact resumption needs every random draw to be reproducible from the checkpoint:
   - MLM masks: drawn by the collator from a generator seeded by (seed, epoch, example
     indices) — not from the global stream, because the DataLoader prepares the next batch
     before the current step runs, which would interleave mask and dropout draws
-    differently in a resumed run (`collator.SeededCollator`).
+    differently in a resumed run (`masking.SeededCollator`).
 """
 
 from __future__ import annotations

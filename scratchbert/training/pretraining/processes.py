@@ -136,7 +136,7 @@ def build_accelerator(config: PretrainConfig) -> Accelerator:
 
     FSDP and DeepSpeed need accelerator devices: on a CPU-only machine a launch that asks for
     them is refused with the DDP command to use instead, never silently turned into DDP.
-    Processes that run different software are refused here, on every process (`distributed_checks`);
+    Processes that run different software are refused here, on every process (`check_same_versions`);
     the processes' deadline for a collective is `start_processes`'s.
     """
     has_device = has_accelerator_device()
