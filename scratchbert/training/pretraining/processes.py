@@ -475,13 +475,13 @@ def guarded_run(config: PretrainConfig):
     - `--no-progress-bar` silencing datasets' and transformers' bars too.
     The config yielded is the run's, with its precision settled.
     """
-    lost = naming_lost_processes(config.output_dir, config.ddp_timeout)
-    lock = OutputDirLock(config.output_dir, "scratchbert pretrain")
-    kernels = cpu_gemm.decisions_kept_in(Path(config.output_dir) / ckpt.KERNEL_DECISIONS_FILE)
-    with lost, lock, kernels, progress_bars(config.progress_bar):
-        start_processes(config.ddp_timeout)  # first: the process group's deadline is fixed by whoever starts it
-        config = settle_mixed_precision(config)
-        accelerator = build_accelerator(config)
-        lock.claim(accelerator)
-        check_shared_output_dir(accelerator, config.output_dir)  # before anything is written next to it
-        yield config, accelerator, lock
+    with naming_lost_processes(config.output_dir, config.ddp_timeout):
+        processes = start_processes(config.ddp_timeout)  # first: the process group's deadline is fixed by whoever starts it
+        with OutputDirLock(config.output_dir, "scratchbert pretrain") as lock:
+            lock.claim(processes)  # held from now on if the folder exists; else once the run makes it
+            kernels = cpu_gemm.decisions_kept_in(Path(config.output_dir) / ckpt.KERNEL_DECISIONS_FILE)
+            with kernels, progress_bars(config.progress_bar):
+                config = settle_mixed_precision(config)
+                accelerator = build_accelerator(config)  # refuses processes that run other software
+                check_shared_output_dir(accelerator, config.output_dir)  # before anything is written next to it
+                yield config, accelerator, lock
