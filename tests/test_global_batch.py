@@ -160,7 +160,7 @@ def assert_same_weights(run: dict, reference: tuple[dict, float], what: str) -> 
 
 def test_micro_batches_with_unequal_masked_counts_add_up_to_the_gradient_of_one_big_batch():
     """Two micro-batches with different numbers of labelled tokens, each divided by the global count
-    (and scaled as `optimizer_step` does), give the gradient of the whole batch's mean loss;
+    (and scaled as `loop.train` does), give the gradient of the whole batch's mean loss;
     averaging the two micro-batch means (what DDP and accumulation did before) does not."""
     from scratchbert.configuration_scratchbert import ScratchBertConfig
     from scratchbert.modeling_scratchbert import IGNORE_INDEX, ScratchBertForPreTraining

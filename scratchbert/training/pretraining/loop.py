@@ -385,7 +385,7 @@ def _epoch_batches(run: Run):
     epoch_loader, collate = run.batches()
     collate.epoch = position.epoch
     epoch_loader.set_epoch(position.epoch)
-    if position.batches_in_epoch and not config.streaming:  # a stream resumes itself (`resume`)
+    if position.batches_in_epoch and not config.streaming:  # a stream resumes itself (`setup` loads its place)
         return accelerator.skip_first_batches(epoch_loader, position.batches_in_epoch)
     return epoch_loader
 
