@@ -8,6 +8,10 @@ differently). After a deliberate change to the model or the document, refresh th
 output with
 
     python tests/test_walkthrough.py --write
+
+Its pretraining sections quote the lines of scratchbert/training/pretraining/loop.py where each
+part of a step runs, as lines like  > loop.py, `train`: `run.optimizer.step()`  ; a second test
+checks that the named function of loop.py still holds each quoted line.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from pathlib import Path
 import torch
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "walkthrough.md"
+# "> loop.py, `train`: `run.optimizer.step()`": a line of that function of loop.py, quoted in the document.
+LOOP_QUOTE = re.compile(r"^> loop\.py, `(\w+)`: (.+)$", re.MULTILINE)
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
 # Numbers as torch and Python print them: 12, -0.0431, 3.4e+38, -3.4028234663852886e+38.
 NUMBER = re.compile(r"[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?")
@@ -124,8 +130,9 @@ def output_differences(expected: str, actual: str) -> str | None:
     return None
 
 
-def test_walkthrough_runs_and_shows_its_real_output(minilm_dir, rxnfp_dir):
-    # The fixtures skip (with the reason) when the packages holding the real weights are absent.
+def test_walkthrough_runs_and_shows_its_real_output(minilm_dir, rxnfp_dir, fresh_accelerator_state):
+    # The fixtures skip (with the reason) when the packages holding the real weights are absent;
+    # the document runs `pretrain` in-process, so Accelerate's process-wide state starts empty.
     assert minilm_dir.is_dir() and rxnfp_dir.is_dir()
     blocks = read_blocks(DOC.read_text(encoding="utf-8"))
     assert len(blocks) >= 12, "the walkthrough should cover every step of BERT"
@@ -137,6 +144,23 @@ def test_walkthrough_runs_and_shows_its_real_output(minilm_dir, rxnfp_dir):
             continue
         difference = output_differences(block.output, printed)
         assert difference is None, f"{where}: {difference}; {REGENERATE_HINT}"
+
+
+def quoted_loop_lines(text: str) -> list[tuple[str, str]]:
+    """(function, code) for every code span of the document's `> loop.py, `function`: ...` lines."""
+    return [(match.group(1), code) for match in LOOP_QUOTE.finditer(text) for code in re.findall(r"`([^`]+)`", match.group(2))]
+
+
+def test_the_loop_lines_it_quotes_are_in_loop_py():
+    import inspect
+
+    from scratchbert.training.pretraining import loop
+
+    quotes = quoted_loop_lines(DOC.read_text(encoding="utf-8"))
+    assert len(quotes) >= 10, "each pretraining section should quote the lines of loop.py where its part runs"
+    for function, code in quotes:
+        source = " ".join(inspect.getsource(getattr(loop, function)).split())
+        assert " ".join(code.split()) in source, f"docs/walkthrough.md quotes `{code}` from loop.{function}, which no longer holds it"
 
 
 def test_output_comparison_tolerates_last_digit_rounding_only():
