@@ -21,6 +21,7 @@ from scratchbert.modeling_scratchbert import (
     ScratchBertModel,
     ScratchBertPreTrainedModel,
 )
+from scratchbert.quantization import quantize_dynamic
 from scratchbert.tokenization import ScratchBertTokenizer, tokenizer_from_vocab, train_tokenizer  # registers with AutoTokenizer
 
 __version__ = "0.1.0"
@@ -59,4 +60,5 @@ __all__ = [
     "ScratchBertTokenizer",
     "tokenizer_from_vocab",
     "train_tokenizer",
+    "quantize_dynamic",
 ]

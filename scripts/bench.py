@@ -21,6 +21,11 @@ over repeats. Cases:
   (d) the peak memory of (c): each side in its own subprocess, resident set size (RSS) at the
       peak of two steps, and its rise over the RSS of the loaded model; scratchbert also with
       activation checkpointing (`activation_checkpointing_enable()`, transformers' mechanism).
+  (e) int8 inference (issue 86): scratchbert fp32, scratchbert int8 (`scratchbert.quantize_dynamic`),
+      ONNX Runtime fp32 and ONNX Runtime int8 (`onnxruntime.quantization.quantize_dynamic` on the
+      fused graph: int8 weights, uint8 activations with one scale per tensor), interleaved, on the
+      (a) full-length batch and the (b) novel sentences; with the int8 GEMM's throughput
+      (`torch._int_mm`) beside fp32's, the limit int8 is measured against.
 
 The share of the matmul peak divides the *useful* FLOPs (linears on real tokens, attention
 within each sequence's own length, the MLM decoder at labelled positions in training) by the
@@ -79,7 +84,7 @@ from scratchbert.training.pretraining.masking import DataCollatorForPretraining
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
 NUM_THREADS = 2
-CASES = ("inference", "training", "memory")  # (a) and (b); (c); (d)
+CASES = ("inference", "int8", "training", "memory")  # (a) and (b); (e); (c); (d)
 BERT_BASE = dict(vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072)
 # (batch, tokens) of each input: the (a) full-length batch, the (b) novel sentences padded to 128 and
 # to the longest, the (b) IMDB reviews, and the (c) pretraining step.
@@ -286,7 +291,7 @@ def ort_encoder(directory: Path, workdir: Path, config, threads: int, check_batc
     axes = {name: {0: "batch", 1: "sequence"} for name in [*names, "last_hidden_state"]}
     axes["pooler_output"] = {0: "batch"}
     example = tuple(check_batch[name] for name in names)
-    exported, fused = workdir / "bert.onnx", workdir / "bert-fused.onnx"
+    exported, fused = workdir / "bert.onnx", workdir / FUSED_ONNX
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
         # The TorchScript-based exporter: onnxruntime's BERT fusion matches its graph (the dynamo
@@ -305,6 +310,29 @@ def ort_encoder(directory: Path, workdir: Path, config, threads: int, check_batc
     diff = float((hidden - reference)[keep].abs().max())
     description = ", ".join(f"{name} {count}" for name, count in counts.items())
     return session, f"fused operators: {description}; max |ORT - transformers| at real tokens {diff:.1e}"
+
+
+FUSED_ONNX = "bert-fused.onnx"  # ort_encoder's fused graph, in its workdir
+
+
+def ort_int8_session(workdir: Path, threads: int):
+    """ONNX Runtime's dynamic int8 quantization of the fused graph `ort_encoder` wrote, as a session.
+
+    `onnxruntime.quantization.quantize_dynamic` with its defaults: int8 weights with one scale per
+    tensor, uint8 activations quantized at run time with one scale per tensor (QAttention,
+    DynamicQuantizeMatMul and MatMulInteger replace Attention and MatMul).
+    """
+    import onnxruntime
+    from onnx import TensorProto
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    quantized = workdir / "bert-fused-int8.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        # The fused graph's contrib operators defeat ONNX shape inference: fp32 is the type it cannot find.
+        quantize_dynamic(str(workdir / FUSED_ONNX), str(quantized), weight_type=QuantType.QInt8,
+                         extra_options={"DefaultTensorType": TensorProto.FLOAT})
+    return onnxruntime.InferenceSession(str(quantized), ort_session_options(threads), providers=["CPUExecutionProvider"])
 
 
 def ort_feed(batch: dict[str, torch.Tensor]) -> dict:
@@ -571,7 +599,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=None, help="timed runs per side and case (default 5, quick 1)")
     parser.add_argument("--threads", type=int, default=NUM_THREADS, help=f"torch threads (default {NUM_THREADS}, the machine's cores)")
     parser.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES),
-                        help="which cases to run: inference (a, b), training (c), memory (d); default all")
+                        help="which cases to run: inference (a, b), int8 (e), training (c), memory (d); default all")
     parser.add_argument("--memory-worker", nargs=4, metavar=("SIDE", "DIR", "BATCH", "THREADS"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.threads < 1:
@@ -658,6 +686,92 @@ def inference_rows(sides: tuple, inputs: dict, session, repeats: int) -> tuple[l
             rows.append(Row.timed(case, dtype_name, mask, seconds[:3], encoder_flops(config, mask), ort_s=ort_s,
                                   targets=inference_targets(case, dtype_name)))
     return rows, faults
+
+
+INT8_CASES = ("(a) full-length", "(b) novel sentences", "(b) novel sentences, padded to the longest")
+
+
+@dataclass
+class Int8Row:
+    """(e): one batch through scratchbert fp32 and int8 and ONNX Runtime fp32 and int8 (None: not run)."""
+
+    case: str
+    real_tokens: int
+    padded_tokens: int
+    fp32_s: float
+    int8_s: float
+    ort_fp32_s: float | None
+    ort_int8_s: float | None
+
+    def targets(self) -> list[tuple[str, float, float | None]]:
+        """(what, at least, achieved): issue 86's targets for this row."""
+        vs_ort = None if self.ort_int8_s is None else self.ort_int8_s / self.int8_s
+        targets = []
+        if self.case.startswith("(a)"):
+            targets.append(("ORT int8", 1.0, vs_ort))
+        elif self.case.startswith("(b) novel"):
+            targets.append(("ORT int8", 1.3, vs_ort))
+        if int8_units():
+            targets.append(("scratchbert fp32", 1.5, self.fp32_s / self.int8_s))
+        return targets
+
+
+def int8_units() -> bool:
+    """Whether this CPU has int8 dot-product instructions (AVX-512 VNNI, AVX-VNNI or AMX-INT8)."""
+    caps = cpu_gemm.CAPABILITIES or {}
+    return any(caps.get(name, False) for name in ("avx512_vnni", "avx_vnni", "amx_int8"))
+
+
+def int8_rows(model, inputs: dict, ort_fp32, ort_int8, repeats: int) -> list[Int8Row]:
+    """(e): scratchbert fp32 (the fast path), scratchbert int8, ORT fp32 and ORT int8, interleaved per batch."""
+    quantized = scratchbert.quantize_dynamic(copy.deepcopy(model)).bert
+    rows = []
+    for case in INT8_CASES:
+        if case not in inputs:
+            continue
+        batch = inputs[case]
+        print(f"  (e) {case}, int8 ...", flush=True)
+        runners = [encoder_runner(model.bert, batch, torch.float32), encoder_runner(quantized, batch, torch.float32)]
+        runners += [ort_runner(session, batch) for session in (ort_fp32, ort_int8) if session is not None]
+        seconds = interleaved(runners, repeats) + [None, None]
+        mask = batch["attention_mask"]
+        rows.append(Int8Row(f"{case} {tuple(mask.shape)}", int(mask.sum()), mask.numel(), *seconds[:4]))
+    return rows
+
+
+def int8_gemm_throughput(repeats: int) -> dict[str, float]:
+    """FLOP/s (int8: integer ops/s) of the (e) kernels on the GEMM_SHAPE product: the ceiling int8 works under."""
+    m, k, n = GEMM_SHAPE
+    x, w = torch.randn(m, k), torch.randn(n, k)
+    qx, qw = torch.randint(-127, 128, (m, k), dtype=torch.int8), torch.randint(-127, 128, (k, n), dtype=torch.int8)
+    with torch.no_grad():
+        fp32 = 2 * m * k * n / best_seconds(lambda: F.linear(x, w), repeats)
+        int8 = 2 * m * k * n / best_seconds(lambda: torch._int_mm(qx, qw), repeats)
+        layer = scratchbert.quantization.Int8Linear(w, None)
+        int8_layer = 2 * m * k * n / best_seconds(lambda: layer(x), repeats)
+    return {"fp32 F.linear": fp32, "int8 torch._int_mm": int8, "int8 Int8Linear (quantize, GEMM, dequantize)": int8_layer}
+
+
+def format_int8_table(rows: list[Int8Row], throughput: dict[str, float], threads: int) -> str:
+    lines = [
+        "| (e) int8 | real / padded tokens | scratchbert fp32 | scratchbert int8 | ORT fp32 | ORT int8 "
+        "| int8 vs scratchbert fp32 | int8 vs ORT int8 | ORT int8 vs ORT fp32 | targets |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    ms = lambda s: "–" if s is None else f"{s * 1e3:,.0f} ms"  # noqa: E731
+    ratio = lambda a, b: "–" if a is None or b is None else f"**{a / b:.2f}x**"  # noqa: E731
+    for r in rows:
+        targets = "; ".join(f">= {least:.2f}x {what}: " + ("n/a" if got is None else "met" if got >= least else "**not met**")
+                            for what, least, got in r.targets())
+        lines.append(
+            f"| {r.case} | {r.real_tokens:,} / {r.padded_tokens:,} ({r.real_tokens / r.padded_tokens:.0%}) "
+            f"| {ms(r.fp32_s)} | {ms(r.int8_s)} | {ms(r.ort_fp32_s)} | {ms(r.ort_int8_s)} | {ratio(r.fp32_s, r.int8_s)} "
+            f"| {ratio(r.ort_int8_s, r.int8_s)} | {ratio(r.ort_fp32_s, r.ort_int8_s)} | {targets} |")
+    lines.append("")
+    lines.append(f"int8 GEMM against fp32 in this run, ({GEMM_SHAPE[0]} x {GEMM_SHAPE[1]}) . ({GEMM_SHAPE[1]} x {GEMM_SHAPE[2]}), "
+                 f"{threads} threads, int8 dot-product instructions: {'yes' if int8_units() else 'no'}: "
+                 + ", ".join(f"{name} {value / 1e9:,.0f}" for name, value in throughput.items()) + " G(FL)OP/s.")
+    return "\n".join(lines)
 
 
 def training_rows(sides: tuple, batch: dict[str, torch.Tensor], repeats: int) -> tuple[list[Row], list[str]]:
@@ -747,9 +861,16 @@ def main(argv: list[str] | None = None) -> int:
         config = sides[0].config
         peaks = gemm_peaks(peak_repeats, args.threads)
 
-        inputs = inference_inputs(tokenizer, sizes, config.vocab_size) if "inference" in args.cases else {}
+        wanted = {"inference", "int8"} & set(args.cases)
+        inputs = inference_inputs(tokenizer, sizes, config.vocab_size) if wanted else {}
         session, ort_note = ort_column(inputs, weights, workdir, config, args.threads)
-        rows, faults = inference_rows(sides, inputs, session, args.repeats)
+        rows, faults = inference_rows(sides, inputs if "inference" in args.cases else {}, session, args.repeats)
+        int8, throughput = [], {}
+        if "int8" in args.cases:
+            ort_int8 = ort_int8_session(workdir, args.threads) if session is not None else None
+            int8 = int8_rows(sides[0], inputs, session, ort_int8, args.repeats)
+            throughput = int8_gemm_throughput(peak_repeats)
+            del ort_int8
         del session
 
         batch = pretraining_batch(tokenizer, *sizes["pretrain"], seed=0)  # (c) and (d)
@@ -767,6 +888,9 @@ def main(argv: list[str] | None = None) -> int:
             memory = measure_memory(weights, batch, workdir, args.threads)
 
     print_results(rows, peaks, args.threads, ort_note, faults, skipped)
+    if int8:
+        print()
+        print(format_int8_table(int8, throughput, args.threads))
     print()
     print_memory_table(memory)
     print()
