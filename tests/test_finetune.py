@@ -525,7 +525,7 @@ def test_finetune_cli_trains_saves_and_serves_a_pipeline(tmp_path, capsys, cli_m
     assert results["test"]["accuracy"] == results["validation"]["accuracy"]  # same rows, same (best) model
     epochs = [entry for entry in results["log_history"] if "eval_accuracy" in entry]  # evaluated every epoch, kept the best one
     assert len(epochs) == 6 and results["validation"]["accuracy"] == max(e["eval_accuracy"] for e in epochs)
-    assert not (out / "checkpoints").exists()  # the epoch checkpoints, removed once the best is saved (--keep-checkpoints keeps them)
+    assert not (out / "checkpoints").exists()  # the epoch checkpoints, removed once the best is saved (keep_checkpoints keeps them)
     assert results["best_checkpoint"] is None  # metrics.json names no folder that is gone
 
     model = AutoModelForSequenceClassification.from_pretrained(out)
@@ -669,9 +669,10 @@ def test_a_collapsed_classifier_is_reported(tmp_path, caplog, capsys, cli_main, 
 def test_without_epochs_training_takes_at_least_min_steps(tmp_path, capsys, cli_main, scratch_checkpoint):
     train = write_csv(tmp_path / "train.csv", sentiment_rows(64, seed=14))  # 4 steps of 16 an epoch
     out = tmp_path / "out"
+    (tmp_path / "options.json").write_text(json.dumps({"min_steps": 20}))  # an option of the --config file
     code, err = run_cli(
         cli_main, capsys, scratch_checkpoint, "--train-file", train, "--validation-file", train, "--output-dir", out,
-        "--min-steps", "20", "--no-progress-bar",
+        "--config", tmp_path / "options.json", "--no-progress-bar",
     )  # fmt: skip
     assert code == 0, err
     results = json.loads((out / "metrics.json").read_text())
@@ -746,7 +747,9 @@ def test_early_stopping_stops_on_a_plateau_and_keeps_the_first_best_epoch(tmp_pa
     train = write_csv(tmp_path / "train.csv", sentiment_rows(32, seed=15))  # 2 steps of 16 an epoch
     validation = write_csv(tmp_path / "validation.csv", sentiment_rows(32, seed=16))
     argv = ["--train-file", train, "--validation-file", validation, "--epochs", "6", "--learning-rate", "1e-7", "--no-progress-bar"]
-    code, err = run_cli(cli_main, capsys, untrained_classifier, *argv, "--output-dir", tmp_path / "stopped", "--early-stopping-patience", "2", "--keep-checkpoints")
+    (tmp_path / "keep.json").write_text(json.dumps({"keep_checkpoints": True}))  # an option of the --config file
+    code, err = run_cli(cli_main, capsys, untrained_classifier, *argv, "--output-dir", tmp_path / "stopped", "--early-stopping-patience", "2",
+                        "--config", tmp_path / "keep.json")  # fmt: skip
     assert code == 0, err
     results = json.loads((tmp_path / "stopped" / "metrics.json").read_text())
     assert results["early_stopping"] == {"patience": 2, "stopped_early": True, "epochs_run": 3.0, "optimizer_steps_run": 6}

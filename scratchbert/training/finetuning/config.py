@@ -20,7 +20,19 @@ from scratchbert.training.finetuning.windows import DEFAULT_MAX_LENGTH, DEFAULT_
 
 DOCS = "docs/finetuning.md"  # what was measured, and why the defaults are what they are
 
-METRICS = ("accuracy", "macro_f1")  # what each evaluation reports; either can pick the best epoch
+# What `scratchbert finetune --task` trains: a label per text (or text pair), a tag per word, or the span of a
+# context that answers a question. Each task's run reads top to bottom in its own file (run.py, token_classification.py,
+# question_answering.py), from the same checkpoint reading, Trainer and saving.
+TASKS = ("text-classification", "token-classification", "question-answering")
+
+# What each evaluation of a task reports, any of which can pick the best epoch; the first is the default
+# (token classification: entity F1 for IOB/IOB2/BIOES tags, else word accuracy).
+METRICS_BY_TASK = {
+    "text-classification": ("macro_f1", "accuracy"),
+    "token-classification": ("f1", "accuracy"),
+    "question-answering": ("f1", "exact_match"),
+}
+METRICS = METRICS_BY_TASK["text-classification"]
 
 # A narrow encoder needs larger steps than BERT-base's 5e-5 (Google fine-tuned its BERT miniatures at
 # up to 3e-4, Turc et al. 2019; `tiny` measured best at 1e-3): the peak learning rate by hidden size
@@ -34,7 +46,7 @@ DEFAULT_MIN_STEPS = 300  # fewer left `tiny` answering the majority class on 450
 # Evaluations without a better `best_metric` before training stops; None: every epoch runs.
 DEFAULT_EARLY_STOPPING_PATIENCE = None
 
-CHECKPOINTS_DIR = "checkpoints"  # the epoch checkpoints under --output-dir, removed at the end unless --keep-checkpoints
+CHECKPOINTS_DIR = "checkpoints"  # the epoch checkpoints under --output-dir, removed at the end unless keep_checkpoints (--config)
 
 
 def _whole(value, least: int) -> bool:
@@ -51,6 +63,7 @@ class FinetuneConfig(ConfigFile):
     checkpoint: str | None = field(default=None, metadata={"positional": True, "help": "folder of the checkpoint to start from (config.json + weights), or a Hugging Face Hub name"})
     output_dir: str | None = field(default=None, metadata={"help": "where the fine-tuned model, tokenizer and metrics.json go (required)"})
     tokenizer: str | None = field(default=None, metadata={"file_only": True, "help": "tokenizer folder or Hub name (default: the checkpoint's)"})
+    task: str = field(default="text-classification", metadata={"choices": TASKS, "help": f"a label per text, a tag per word, or a context's span answering a question ({DOCS})"})
     # --- data: local files or a datasets name ---
     train_files: list[str] | None = field(default=None, metadata={"metavar": "FILE", "help": "CSV/TSV/JSON/JSONL/Parquet file(s) or globs, optionally compressed"})
     validation_files: list[str] | None = field(default=None, metadata={"flag": "--validation-file", "metavar": "FILE", "help": "default: hold out --validation-fraction of train"})
@@ -75,16 +88,23 @@ class FinetuneConfig(ConfigFile):
         default=DEFAULT_WINDOWS,
         metadata={"help": f"read a long single text as up to N windows of --max-length tokens, a text's prediction the mean of its windows' logits; training takes up to N times longer ({DOCS})"},
     )  # fmt: skip
+    # --- token classification and question answering ---
+    label_all_pieces: bool = field(default=False, metadata={"help": "token classification: every WordPiece of a word carries its tag, not only the first (run_ner.py's label_all_tokens)"})
+    doc_stride: int = field(default=128, metadata={"help": "question answering: tokens of a long context that consecutive windows share (run_qa.py's doc_stride)"})
+    n_best: int = field(default=20, metadata={"file_only": True, "help": "question answering: start and end candidates per window that are paired into answers"})
+    max_answer_length: int = field(default=30, metadata={"file_only": True, "help": "question answering: the longest answer, in tokens"})
     # --- training ---
-    epochs: float | None = field(default=None, metadata={"help": f"passes over the training data (default: {DEFAULT_EPOCHS}, or more to reach --min-steps)"})
-    min_steps: int = field(default=DEFAULT_MIN_STEPS, metadata={"help": "without --epochs, add epochs until training takes at least this many optimizer steps"})
+    epochs: float | None = field(default=None, metadata={"help": f"passes over the training data (default: {DEFAULT_EPOCHS}, or more to reach min_steps)"})
+    min_steps: int = field(default=DEFAULT_MIN_STEPS, metadata={"file_only": True, "help": "without --epochs, add epochs until training takes at least this many optimizer steps"})
     batch_size: int = field(default=16, metadata={"help": "examples per step"})
     eval_batch_size: int = field(default=64, metadata={"file_only": True, "help": "examples per evaluation batch"})
     gradient_accumulation_steps: int = field(default=1, metadata={"help": "forward passes per optimizer step"})
     learning_rate: float | None = field(default=None, metadata={"help": f"peak learning rate of AdamW (default: by the model's hidden size, from 1e-3 to 5e-5: {DOCS})"})
     weight_decay: float = field(default=0.01, metadata={"file_only": True, "help": "AdamW weight decay"})
     warmup_ratio: float = field(default=0.1, metadata={"file_only": True, "help": "fraction of steps with a linear warmup"})
-    best_metric: str = field(default="macro_f1", metadata={"choices": METRICS, "help": "picks the epoch that is kept"})
+    best_metric: str | None = field(
+        default=None, metadata={"choices": sorted({m for ms in METRICS_BY_TASK.values() for m in ms}), "help": "picks the epoch that is kept (default: the task's F1)"}
+    )  # fmt: skip
     early_stopping_patience: int | None = field(
         default=DEFAULT_EARLY_STOPPING_PATIENCE, metadata={"help": "stop after N evaluations with no better score (default: off)"}
     )  # fmt: skip
@@ -98,7 +118,7 @@ class FinetuneConfig(ConfigFile):
         default=False, metadata={"help": "the same weights from the same seed on this machine: torch's deterministic mode, no CPU kernel chosen by timing"}
     )  # fmt: skip
     logging_steps: int = field(default=50, metadata={"file_only": True, "help": "log the training loss every N steps"})
-    keep_checkpoints: bool = field(default=False, metadata={"help": f"keep the epoch checkpoints under --output-dir/{CHECKPOINTS_DIR} (default: removed at the end)"})
+    keep_checkpoints: bool = field(default=False, metadata={"file_only": True, "help": f"keep the epoch checkpoints under --output-dir/{CHECKPOINTS_DIR} (default: removed at the end)"})
     overwrite: bool = field(default=False, metadata={"help": "allow a non-empty --output-dir"})
     progress_bar: bool = field(default=True, metadata={"help": "show Trainer's progress bars"})
 
@@ -121,9 +141,14 @@ class FinetuneConfig(ConfigFile):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
                 raise ScratchBertError(f"{name}={value!r}: it must be a positive number (--{name.replace('_', '-')}).")
         if not _whole(self.min_steps, 0):
-            raise ScratchBertError(f"min_steps={self.min_steps!r}: it must be a whole number, 0 or more (--min-steps).")
-        if self.best_metric not in METRICS:
-            raise ScratchBertError(f"best_metric must be one of {', '.join(METRICS)}, got {self.best_metric!r}.")
+            raise ScratchBertError(f"min_steps={self.min_steps!r}: it must be a whole number, 0 or more (min_steps in the --config file).")
+        if self.task not in TASKS:
+            raise ScratchBertError(f"task must be one of {', '.join(TASKS)}, got {self.task!r} (--task).")
+        if self.best_metric is not None and self.best_metric not in METRICS_BY_TASK[self.task]:
+            raise ScratchBertError(f"best_metric must be one of {', '.join(METRICS_BY_TASK[self.task])} for {self.task}, got {self.best_metric!r} (--best-metric).")
+        for name in ("doc_stride", "n_best", "max_answer_length"):
+            if not _whole(getattr(self, name), 1):
+                raise ScratchBertError(f"{name}={getattr(self, name)!r}: it must be a whole number, 1 or more (--{name.replace('_', '-')}).")
         patience = self.early_stopping_patience
         if patience is not None and not _whole(patience, 0):
             raise ScratchBertError(f"early_stopping_patience={patience!r}: it must be a whole number of evaluations, 0 (off) or more (--early-stopping-patience).")

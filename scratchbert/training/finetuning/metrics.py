@@ -23,7 +23,7 @@ COLLAPSE_SHARE = 0.95
 
 COLLAPSE_ADVICE = (
     "the classifier learned the class balance, not the task. Try a higher --learning-rate (narrow models take "
-    "1e-4 to 1e-3), more optimizer steps (--epochs, or --min-steps without --epochs), --pooling mean (the [CLS] "
+    "1e-4 to 1e-3), more optimizer steps (--epochs, or min_steps in --config without --epochs), --pooling mean (the [CLS] "
     "pooler collapsed more often), no --early-stopping-patience, and check that the labels belong to the texts "
     "(--text-column, --label-column)."
 )

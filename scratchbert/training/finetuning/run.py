@@ -38,7 +38,7 @@ from accelerate import PartialState
 from transformers import EarlyStoppingCallback
 
 from scratchbert.tokenization import load_tokenizer
-from scratchbert.training.finetuning.config import CHECKPOINTS_DIR, DEFAULT_EPOCHS, LEARNING_RATES_BY_WIDTH, FinetuneConfig
+from scratchbert.training.finetuning.config import CHECKPOINTS_DIR, DEFAULT_EPOCHS, LEARNING_RATES_BY_WIDTH, METRICS_BY_TASK, FinetuneConfig
 from scratchbert.training.finetuning.data import carve_splits, check_columns, encode_labels, label_names_of, label_warnings, read_splits
 from scratchbert.training.finetuning.metrics import document_metrics, document_predictions, report_collapse, unprefixed
 from scratchbert.training.finetuning.pretrained import CheckpointInfo, load_sequence_classifier
@@ -54,7 +54,17 @@ def finetune(config: FinetuneConfig, model_class=None) -> dict[str, Any]:
     Returns {"labels", "label_warnings", "schedule", "inputs", "train", "validation", "test" (with a test split),
     "best_checkpoint" (None once removed, without keep_checkpoints), "pooling", "early_stopping", "collapsed", "log_history"},
     metrics named without Trainer's "eval_" prefix; also written to metrics.json."""
-    from transformers import TrainingArguments, set_seed  # on use: importing them takes a while
+    from transformers import set_seed  # on use: importing it takes a while
+
+    if config.task == "token-classification":  # each task's run reads top to bottom in its own file
+        from scratchbert.training.finetuning.token_classification import finetune_token_classification
+
+        return finetune_token_classification(config, model_class)
+    if config.task == "question-answering":
+        from scratchbert.training.finetuning.question_answering import finetune_question_answering
+
+        return finetune_question_answering(config, model_class)
+    best_metric = config.best_metric or METRICS_BY_TASK[config.task][0]
 
     # 1. The checkpoint, read once; its tokenizer; how many tokens of a text the classifier reads, and which.
     output_dir = check_output_folder(config.output_dir, config.overwrite)
@@ -87,18 +97,7 @@ def finetune(config: FinetuneConfig, model_class=None) -> dict[str, Any]:
         model = load_sequence_classifier(checkpoint, label_names, config.reinit_head, model_class, config.pooling)
 
         # 4. The Trainer: evaluation and a checkpoint each epoch; the best epoch by `best_metric` (the first of equal ones) reloaded at the end.
-        args = TrainingArguments(
-            output_dir=str(output_dir / CHECKPOINTS_DIR), num_train_epochs=schedule["epochs"], learning_rate=schedule["learning_rate"],
-            per_device_train_batch_size=config.batch_size, per_device_eval_batch_size=config.eval_batch_size,
-            gradient_accumulation_steps=config.gradient_accumulation_steps, weight_decay=config.weight_decay,
-            warmup_steps=config.warmup_ratio,  # a float in [0, 1) is a fraction of the total steps
-            eval_strategy="epoch", save_strategy="epoch",  # picking the best epoch needs a checkpoint of each evaluated one
-            load_best_model_at_end=True, metric_for_best_model=config.best_metric, greater_is_better=True,
-            save_total_limit=1,  # Trainer still keeps the best checkpoint besides the latest
-            save_only_model=True,  # epoch checkpoints are for picking the best, not for resuming: no optimizer state
-            logging_steps=config.logging_steps, seed=config.seed, full_determinism=config.full_determinism, report_to="none",
-            disable_tqdm=not config.progress_bar,
-        )  # fmt: skip
+        args = training_arguments(config, schedule, output_dir, best_metric)
         # Early stopping reads the same per-epoch evaluation that picks the kept epoch (and the best one is still reloaded).
         patience = config.early_stopping_patience or None  # 0: off, as None
         stopper = EarlyStoppingCallback(early_stopping_patience=patience) if patience else None
@@ -114,7 +113,7 @@ def finetune(config: FinetuneConfig, model_class=None) -> dict[str, Any]:
         stopped = stopper is not None and stopper.early_stopping_patience_counter >= patience
         if stopped:
             logger.info("early stopping: %d evaluations without a better validation %s; stopped after %g of %g epochs (%d of %d steps)",
-                        patience, config.best_metric, state.epoch, schedule["epochs"], state.global_step, schedule["optimizer_steps"])  # fmt: skip
+                        patience, best_metric, state.epoch, schedule["epochs"], state.global_step, schedule["optimizer_steps"])  # fmt: skip
         results = {
             "labels": label_names, "label_warnings": doubtful_labels, "schedule": schedule, "inputs": inputs,
             "train": unprefixed(train_output.metrics, "train_"), "validation": unprefixed(best_epoch, "eval_"),
@@ -182,7 +181,7 @@ def fitted_schedule(config: FinetuneConfig, hidden_size: int, train_rows: int) -
         learning_rate, chosen_by["learning_rate"] = default_learning_rate(hidden_size), f"default for hidden size {hidden_size}"
     if epochs is None:
         epochs = max(DEFAULT_EPOCHS, math.ceil(config.min_steps / per_epoch))
-        chosen_by["epochs"] = f"default: {DEFAULT_EPOCHS}, or enough for --min-steps {config.min_steps}"
+        chosen_by["epochs"] = f"default: {DEFAULT_EPOCHS}, or enough for min_steps {config.min_steps}"
     return {
         "learning_rate": learning_rate, "epochs": epochs, "optimizer_steps": math.ceil(epochs * per_epoch), "steps_per_epoch": per_epoch,
         "chosen_by": chosen_by,
@@ -209,6 +208,24 @@ def determinism_restored():
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+def training_arguments(config: FinetuneConfig, schedule: dict[str, Any], output_dir: Path, best_metric: str):
+    """Trainer's arguments for every task: evaluation and a checkpoint each epoch, the best epoch by
+    `best_metric` (the first of equal ones) reloaded at the end, the schedule `fitted_schedule` chose."""
+    from transformers import TrainingArguments  # on use: importing it takes a while
+
+    return TrainingArguments(
+        output_dir=str(output_dir / CHECKPOINTS_DIR), num_train_epochs=schedule["epochs"], learning_rate=schedule["learning_rate"],
+        per_device_train_batch_size=config.batch_size, per_device_eval_batch_size=config.eval_batch_size,
+        gradient_accumulation_steps=config.gradient_accumulation_steps, weight_decay=config.weight_decay,
+        warmup_steps=config.warmup_ratio,  # a float in [0, 1) is a fraction of the total steps
+        eval_strategy="epoch", save_strategy="epoch",  # picking the best epoch needs a checkpoint of each evaluated one
+        load_best_model_at_end=True, metric_for_best_model=best_metric, greater_is_better=True,
+        save_total_limit=1,  # Trainer still keeps the best checkpoint besides the latest
+        save_only_model=True,  # epoch checkpoints are for picking the best, not for resuming: no optimizer state
+        logging_steps=config.logging_steps, seed=config.seed, full_determinism=config.full_determinism, report_to="none",
+        disable_tqdm=not config.progress_bar,
+    )  # fmt: skip
 
 def make_trainer(
     model, tokenizer, args, train_dataset=None, eval_dataset=None, data_collator=None, compute_metrics=None, callbacks=None
