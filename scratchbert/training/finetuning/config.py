@@ -3,7 +3,7 @@
 Each field is a flag of `scratchbert finetune` (or, marked "file_only", an option of its --config
 file) with a one-line help text; `config_file` turns the fields into flags and reads the files.
 What a field leaves unset (the learning rate, the epochs, the tokens per example, the pooling) is
-fitted to the model and the data when the run starts (`run.fitted_schedule`, `windows.fitted_inputs`,
+fitted to the model and the data when the run starts (`trainer.fitted_schedule`, `windows.fitted_inputs`,
 `CheckpointInfo.pooling`), from the defaults here and in those modules.
 """
 
