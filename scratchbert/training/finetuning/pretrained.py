@@ -88,9 +88,10 @@ PARTS = {
     "cls.seq_relationship": "the NSP head",
     "bert.pooler": "the pooler",
     "classifier": "the classification head",
+    "qa_outputs": "the question-answering head",
 }
 
-NEW_PARTS = ("the pooler", "the classification head")  # what a pretrained encoder may lack, and a classifier starts afresh
+NEW_PARTS = ("the pooler", "the classification head", "the question-answering head")  # what a pretrained encoder may lack, and a task model starts afresh
 
 def part_of(key: str) -> str:
     """The part of BERT a state-dict key belongs to, in words ("cls.predictions.bias" -> "the MLM
