@@ -17,6 +17,7 @@ MAX_FUNCTION_LINES = 60
 MAX_ORCHESTRATOR_LINES = 100
 ORCHESTRATORS = {
     "scratchbert.training.finetuning.run:finetune",
+    "scratchbert.training.finetuning.question_answering:finetune_question_answering",
     "scratchbert.training.pretraining.loop:setup",
     "scratchbert.training.pretraining.loop:train",
 }

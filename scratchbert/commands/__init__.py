@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import argparse
 
-from . import attention_map, export_bert, export_onnx, fill_mask, finetune, prepare_data, pretrain, train_tokenizer
+from . import answer, attention_map, export_bert, export_onnx, fill_mask, finetune, prepare_data, pretrain, train_tokenizer
 from .report import report_errors
 
-COMMANDS = (train_tokenizer, prepare_data, pretrain, finetune, fill_mask, attention_map, export_bert, export_onnx)
+COMMANDS = (train_tokenizer, prepare_data, pretrain, finetune, answer, fill_mask, attention_map, export_bert, export_onnx)
 
 
 def build_parser(commands=COMMANDS) -> argparse.ArgumentParser:
