@@ -104,19 +104,6 @@ def token_classification_metrics(eval_prediction) -> dict[str, float]:
     keep = labels != IGNORE_INDEX
     return classification_metrics(logits.argmax(-1)[keep], labels[keep])
 
-def span_metrics(eval_prediction) -> dict[str, float]:
-    """`compute_metrics` for extractive QA: start/end logits (N, T) each, gold start/end
-    positions (N,) each -> exact match (both ends right) and the accuracy of each end."""
-    start_logits, end_logits = eval_prediction.predictions[:2]
-    gold_start, gold_end = eval_prediction.label_ids
-    start_right = start_logits.argmax(-1) == gold_start
-    end_right = end_logits.argmax(-1) == gold_end
-    return {
-        "exact_match": float(np.mean(start_right & end_right)),
-        "start_accuracy": float(np.mean(start_right)),
-        "end_accuracy": float(np.mean(end_right)),
-    }
-
 def report_collapse(log_history: list[dict], outputs: dict, label_names: Sequence[str]) -> dict | None:
     """Whether the kept model gives (nearly) every example one class (`collapse_of`), split by split.
 
