@@ -347,6 +347,12 @@ def test_answer_refuses_a_model_not_fine_tuned_for_questions_and_bad_arguments(c
     assert "give --question and --context, or --file" in capsys.readouterr().err
     with pytest.raises(Exception, match="one context per question"):
         answer_questions(folder, ["a?", "b?"], ["only one"])
+    (folder / "model.safetensors").write_bytes((folder / "model.safetensors").read_bytes()[:1000])  # cut short
+    assert scratchbert.commands.main(["answer", "--model", str(folder), "--question", "what?", "--context", "it"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "model.safetensors is corrupt or incomplete" in err, err
+    assert scratchbert.commands.main(["answer", "--model", str(tmp_path / "absent"), "--question", "what?", "--context", "it"]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
 
 
 def test_questions_drawn_at_random_are_reproducible():

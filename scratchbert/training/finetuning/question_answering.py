@@ -41,7 +41,7 @@ from scratchbert.training.finetuning.squad_metrics import squad_scores
 from scratchbert.training.finetuning.trainer import determinism_restored, fitted_schedule, make_trainer, training_arguments
 from scratchbert.training.finetuning.windows import fitted_inputs
 from scratchbert.training.run_folder import OutputDirLock, check_output_folder
-from scratchbert.weights import check_vocabulary, quiet_loading
+from scratchbert.weights import check_vocabulary, check_weights, model_folder, quiet_loading
 
 logger = logging.getLogger(__name__)
 
@@ -230,6 +230,7 @@ def answer_questions(model, questions: Sequence[str], contexts: Sequence[str], t
     if isinstance(model, (str, Path)):
         from transformers import AutoModelForQuestionAnswering
 
+        check_weights(model_folder(model))  # a missing, truncated or corrupt folder fails here, in one line
         tokenizer = tokenizer or load_tokenizer(model)
         with quiet_loading():
             model = AutoModelForQuestionAnswering.from_pretrained(str(model))
