@@ -60,7 +60,7 @@ def main(argv=None) -> None:
             )  # fmt: skip
             results["windows"] = run["windows"]
             results["arms"][arm] = {"exact_match": run["test"]["exact_match"], "f1": run["test"]["f1"],
-                                    "seconds_per_epoch": run["train"]["train_runtime"] / args.epochs}  # fmt: skip
+                                    "seconds_per_epoch": run["train"]["runtime"] / args.epochs}  # fmt: skip
             print(json.dumps({arm: results["arms"][arm]}), flush=True)
     arms = results["arms"]
     results["time_ratio"] = arms["scratchbert"]["seconds_per_epoch"] / arms["transformers"]["seconds_per_epoch"]
