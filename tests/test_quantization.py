@@ -86,3 +86,80 @@ def test_classifier_heads_keep_working_and_bad_input_is_one_clear_error():
         quantize_dynamic(classifier)
     with pytest.raises(ScratchBertError, match="takes a scratchbert model, not Linear"):
         quantize_dynamic(torch.nn.Linear(2, 2))
+
+
+@pytest.fixture(scope="module")
+def fine_tuned_classifier(tmp_path_factory, minilm_dir, shared_data):
+    """all-MiniLM-L6-v2's real weights fine-tuned by `finetune_text_classification` on real IMDB reviews (their first
+    96 words): its test rows, its folder, its test accuracy as the run reported it."""
+    import gzip
+    import json
+
+    from scratchbert.training.finetuning.run import finetune_text_classification
+
+    root = tmp_path_factory.mktemp("int8_classifier")
+    for name, count in (("train", 480), ("test", 1200)):
+        with gzip.open(shared_data / "imdb" / f"{name}.jsonl.gz", "rt") as lines:
+            reviews = [json.loads(line) for line in lines]
+        reviews = reviews[:: len(reviews) // count][:count]  # both labels: the files are sorted by label
+        rows = [{"text": " ".join(r["text"].split()[:96]), "label": ["neg", "pos"][r["label"]]} for r in reviews]
+        (root / f"{name}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    tokenizer_from_vocab(minilm_dir / "vocab.txt").save_pretrained(root / "tokenizer")
+    results = finetune_text_classification(minilm_dir, root / "classifier", tokenizer=str(root / "tokenizer"), train_files=[str(root / "train.jsonl")],
+                                           test_files=[str(root / "test.jsonl")], epochs=3, max_length=128, progress_bar=False)  # fmt: skip
+    return root, rows, results["test"]["accuracy"]
+
+
+def classifier_logits(model, tokenizer, rows, batch_size: int = 100) -> torch.Tensor:
+    """(N, K) logits of the rows' texts, a batch at a time."""
+    outputs = []
+    for first in range(0, len(rows), batch_size):
+        batch = tokenizer([row["text"] for row in rows[first : first + batch_size]], padding=True, truncation=True, max_length=128, return_tensors="pt")
+        with torch.inference_mode():
+            outputs.append(model(**batch).logits)
+    return torch.cat(outputs)
+
+
+def test_a_fine_tuned_classifier_keeps_its_accuracy_and_the_int8_onnx_graph_its_predictions(fine_tuned_classifier, tmp_path):
+    """int8 test accuracy within 0.5 points of fp32's (issue 86), and `export-onnx --int8` predicts what quantize_dynamic does."""
+    ort = pytest.importorskip("onnxruntime", reason="onnxruntime is not installed (pip install -e '.[test]')")
+    pytest.importorskip("onnxscript", reason="onnxscript (torch's dynamo ONNX exporter needs it) is not installed")
+    from scratchbert.onnx_export import INPUT_NAMES
+
+    root, test_rows, reported = fine_tuned_classifier
+    folder = root / "classifier"
+    tokenizer = scratchbert.tokenization.load_tokenizer(folder)
+    fp32 = scratchbert.ScratchBertForSequenceClassification.from_pretrained(folder).eval()
+    int8 = quantize_dynamic(scratchbert.ScratchBertForSequenceClassification.from_pretrained(folder))
+    truth = [fp32.config.label2id[row["label"]] for row in test_rows]
+    accuracy = lambda labels: sum(map(int.__eq__, labels, truth)) / len(truth)  # noqa: E731
+    fp32_logits, int8_logits = classifier_logits(fp32, tokenizer, test_rows), classifier_logits(int8, tokenizer, test_rows)
+    fp32_labels, int8_labels = fp32_logits.argmax(-1).tolist(), int8_logits.argmax(-1).tolist()
+    assert accuracy(fp32_labels) == pytest.approx(reported) and reported > 0.7  # the classifier learned the task
+    assert abs(accuracy(int8_labels) - accuracy(fp32_labels)) <= 0.005
+    # int8 changes only near-ties: every prediction it changes was one the fp32 model gave by under 0.2 logits.
+    margins = (fp32_logits[:, 1] - fp32_logits[:, 0]).abs()
+    changed = torch.tensor(fp32_labels) != torch.tensor(int8_labels)
+    assert changed.float().mean() <= 0.01 and (margins[changed] < 0.2).all(), margins[changed]
+
+    from scratchbert.commands import main
+
+    code = main(["export-onnx", str(folder), str(tmp_path / "onnx"), "--task", "sequence-classification", "--int8"])
+    assert code == 0
+    import onnx
+
+    graph = onnx.load(str(tmp_path / "onnx" / "model.onnx")).graph
+    assert sum(node.op_type == "MatMulInteger" for node in graph.node) == 6 * fp32.config.num_hidden_layers
+    session = ort.InferenceSession(str(tmp_path / "onnx" / "model.onnx"), providers=["CPUExecutionProvider"])
+    onnx_labels = []
+    for first in range(0, len(test_rows), 100):
+        batch = tokenizer([row["text"] for row in test_rows[first : first + 100]], padding=True, truncation=True, max_length=128, return_tensors="np")
+        onnx_labels += session.run(None, {name: batch[name].astype("int64") for name in INPUT_NAMES})[0].argmax(-1).tolist()
+    agreement = sum(map(int.__eq__, onnx_labels, int8_labels)) / len(int8_labels)
+    assert agreement >= 0.99, agreement
+
+
+def test_quantize_dynamic_refuses_a_model_off_the_cpu():
+    model = ScratchBertModel(ScratchBertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64))
+    with pytest.raises(ScratchBertError, match=r"is for CPU inference; this model is on meta: call model.to\('cpu'\)"):
+        quantize_dynamic(model.to("meta"))
