@@ -143,7 +143,7 @@ def export_onnx(
         if int8:
             raise ScratchBertError("--int8 checks the int8 graph in onnxruntime, which is not installed: pip install onnxruntime.")
         return OnnxExport(path=path, max_abs_diff=None)
-    max_abs_diff = verify_onnx(path, graph)
+    max_abs_diff = verify_onnx(path, graph, TOLERANCE)
     if int8:
         import onnx
 
@@ -229,6 +229,24 @@ def _export_torchscript(graph: nn.Module, example: dict, path: Path, opset: int,
         )
 
 
+def per_token_int8_nodes(x: str) -> list:
+    """The nodes that quantize tensor `x` (..., K) per token: "{x}_int8" (..., K) int8 and its scales "{x}_int8_scale" (..., 1),
+    as `quantize_rows` computes them (the constants int8_tiny, int8_inverse_max and int8_last_axis are `int8_graph`'s)."""
+    from onnx import TensorProto, helper
+
+    p = f"{x}_int8"
+    return [
+        helper.make_node("Abs", [x], [f"{p}_abs"]),
+        helper.make_node("ReduceMax", [f"{p}_abs", "int8_last_axis"], [f"{p}_absmax"], keepdims=1),
+        helper.make_node("Max", [f"{p}_absmax", "int8_tiny"], [f"{p}_absmax_pos"]),
+        helper.make_node("Mul", [f"{p}_absmax_pos", "int8_inverse_max"], [f"{p}_scale"]),  # (..., 1)
+        helper.make_node("Reciprocal", [f"{p}_scale"], [f"{p}_inverse_scale"]),
+        helper.make_node("Mul", [x, f"{p}_inverse_scale"], [f"{p}_scaled"]),
+        helper.make_node("Round", [f"{p}_scaled"], [f"{p}_rounded"]),
+        helper.make_node("Cast", [f"{p}_rounded"], [p], to=TensorProto.INT8),  # (..., K)
+    ]
+
+
 def int8_graph(model_proto, num_layers: int):
     """`model_proto` with the encoder's Linears as `quantize_dynamic` computes them: int8 weights per output
     channel, activations quantized per token at run time, int8 x int8 -> int32 products (MatMulInteger).
@@ -265,18 +283,8 @@ def int8_graph(model_proto, num_layers: int):
         x, w, y = node.input[0], node.input[1], node.output[0]
         nodes = []
         if x not in quantized_inputs:
-            p = f"{x}_int8"
-            nodes += [
-                helper.make_node("Abs", [x], [f"{p}_abs"]),
-                helper.make_node("ReduceMax", [f"{p}_abs", "int8_last_axis"], [f"{p}_absmax"], keepdims=1),
-                helper.make_node("Max", [f"{p}_absmax", "int8_tiny"], [f"{p}_absmax_pos"]),
-                helper.make_node("Mul", [f"{p}_absmax_pos", "int8_inverse_max"], [f"{p}_scale"]),  # (..., 1)
-                helper.make_node("Reciprocal", [f"{p}_scale"], [f"{p}_inverse_scale"]),
-                helper.make_node("Mul", [x, f"{p}_inverse_scale"], [f"{p}_scaled"]),
-                helper.make_node("Round", [f"{p}_scaled"], [f"{p}_rounded"]),
-                helper.make_node("Cast", [f"{p}_rounded"], [p], to=TensorProto.INT8),  # (..., K)
-            ]
-            quantized_inputs[x] = (p, f"{p}_scale")
+            nodes += per_token_int8_nodes(x)
+            quantized_inputs[x] = (f"{x}_int8", f"{x}_int8_scale")
         q, scale = quantized_inputs[x]
         layer = Int8Linear(torch.from_numpy(numpy_helper.to_array(weights[w]).copy()).t(), None)  # from (K, O): (O, K)
         graph.initializer.extend([numpy_helper.from_array(layer.weight_t.numpy(), f"{w}_int8"),
@@ -314,7 +322,7 @@ def check_batches(vocab_size: int) -> list[dict[str, torch.Tensor]]:
     ]
 
 
-def verify_onnx(path: Path, graph: nn.Module, tolerance: float = TOLERANCE, relative: bool = False) -> float:
+def verify_onnx(path: Path, graph: nn.Module, tolerance: float, relative: bool = False) -> float:
     """Run `path` in onnxruntime on `check_batches` and compare with `graph` in PyTorch at real tokens.
 
     Returns the largest absolute difference (relative=True: divided by the largest |value| PyTorch
