@@ -76,7 +76,8 @@ class Int8Linear(nn.Module):
         return cls(torch.cat([layer.weight.detach() for layer in linears]), bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features).float()  # (N, I): every token of the batch, packed or padded
+        # Inference only: rounding has no gradient, so none flows back (and grad mode needs no no_grad()).
+        rows = x.detach().reshape(-1, self.in_features).float()  # (N, I): every token, packed or padded
         quantized, scale = quantize_rows(rows)  # (N, I) int8, (N, 1)
         # int32 -> fp32 first, then the scales in place: torch.mul(int32, fp32) measured many times slower.
         out = torch._int_mm(quantized, self.weight_t).float().mul_(self.weight_scale)  # (N, O)
