@@ -44,6 +44,8 @@ from scratchbert.weights import quiet_hub_retries
 COMPRESSIONS = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
 # Table files -> the `datasets` builder that reads them.
 TABLE_FORMATS = {".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
+# Tagged words, CoNLL-style (a word and its tag per line, a blank line between sentences) -> columns tokens and tags.
+TABLE_FORMATS.update(dict.fromkeys((".conll", ".iob", ".bio"), "conll"))
 BATCH_SIZE = 1000  # strings per batch handed to a tokenizer trainer
 
 
@@ -391,10 +393,13 @@ def load_table(files: Sequence[str | os.PathLike], what: str = "the data", strea
     formats = {format_of(path) for path in paths}
     if "text" in formats:
         plain = next(p for p in paths if format_of(p) == "text")
-        raise DataError(f"{plain}: not a table file; {what} must be .csv, .tsv, .json, .jsonl or .parquet (optionally .gz).")
+        raise DataError(f"{plain}: not a table file; {what} must be .csv, .tsv, .json, .jsonl, .parquet or CoNLL's .conll (optionally .gz).")
     if len(formats) > 1:
         raise DataError(f"{what} mixes formats ({', '.join(sorted(formats))}); give files of one kind.")
     builder = formats.pop()
+    if builder == "conll":
+        tagged = read_conll(paths, what)
+        return tagged.to_iterable_dataset() if streaming else tagged
     options = {"delimiter": "\t"} if all(".tsv" in (s.lower() for s in Path(p).suffixes) for p in paths) else {}
     try:
         return datasets.load_dataset(builder, data_files=paths, split="train", streaming=streaming, cache_dir=cache_dir, **options)
@@ -411,6 +416,41 @@ def load_table(files: Sequence[str | os.PathLike], what: str = "the data", strea
         if "corresponds to no data" in str(err):  # how `datasets` reports files without a single row
             raise DataError(f"{what} is empty: {_describe(paths)} holds no rows.") from None
         raise
+    except StopIteration:  # how its JSON builder reports them, inferring the columns from a first table that is not there
+        raise DataError(f"{what} is empty: {_describe(paths)} holds no rows.") from None
+
+
+def read_conll(paths: Sequence[str], what: str = "the data"):
+    """CoNLL-style files as a `Dataset` of sentences, columns "tokens" and "tags" (the `conll2003` dataset's).
+
+    Each line is a word, any further columns, and its tag last ("EU NNP B-NP B-ORG": word "EU", tag "B-ORG");
+    a blank line ends a sentence; -DOCSTART- lines are skipped. A line with one column fails, naming it.
+    """
+    from datasets import Dataset
+
+    sentences = {"tokens": [], "tags": []}
+    words, tags = [], []
+    for path in paths:
+        for number, line in enumerate(read_lines([path]), start=1):
+            fields = line.split()
+            if fields and fields[0] == "-DOCSTART-":
+                continue
+            if fields and len(fields) < 2:
+                raise DataError(f"line {number} of {path} is {line.strip()!r}: a CoNLL line is a word and its tag, separated by a space or a tab.")
+            if fields:
+                words.append(fields[0])
+                tags.append(fields[-1])
+            elif words:
+                sentences["tokens"].append(words)
+                sentences["tags"].append(tags)
+                words, tags = [], []
+        if words:  # a file's last sentence needs no blank line after it
+            sentences["tokens"].append(words)
+            sentences["tags"].append(tags)
+            words, tags = [], []
+    if not sentences["tokens"]:
+        raise DataError(f"{what} is empty: {_describe(paths)} holds no tagged words.")
+    return Dataset.from_dict(sentences)
 
 
 def _first_damaged(paths: Sequence[str]) -> DataError | None:
@@ -465,6 +505,7 @@ __all__ = [
     "load_documents",
     "load_named_dataset",
     "load_table",
+    "read_conll",
     "open_text",
     "read_documents",
     "read_lines",

@@ -18,6 +18,7 @@ MAX_ORCHESTRATOR_LINES = 100
 ORCHESTRATORS = {
     "scratchbert.training.finetuning.run:finetune",
     "scratchbert.training.finetuning.question_answering:finetune_question_answering",
+    "scratchbert.training.finetuning.token_classification:finetune_token_classification",
     "scratchbert.training.pretraining.loop:setup",
     "scratchbert.training.pretraining.loop:train",
 }

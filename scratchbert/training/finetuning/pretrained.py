@@ -136,15 +136,6 @@ def load_sequence_classifier(
     """
     if model_class is None:
         from scratchbert import ScratchBertForSequenceClassification as model_class
-    num_labels, head_size = len(label_names), checkpoint.head_size
-    id2label = dict(enumerate(label_names))
-    label2id = dict(zip(label_names, range(num_labels)))
-    if head_size is not None and head_size != num_labels and not reinit_head:
-        raise ScratchBertError(
-            f"the checkpoint {checkpoint.name} has a classification head for {head_size} labels, but the data has "
-            f"{num_labels} ({', '.join(label_names)}). Pass --reinit-head (reinit_head=True) to train a new head "
-            "for these labels, or use data with the checkpoint's labels."
-        )
     options = {}
     if issubclass(model_class, ScratchBertPreTrainedModel):
         pooling, chosen_by = checkpoint.pooling(pooling, reinit_head)
@@ -154,9 +145,24 @@ def load_sequence_classifier(
     else:
         raise ScratchBertError(f"pooling={pooling!r} needs scratchbert's classifier: {model_class.__name__} pools the [CLS] vector only.")
     logger.info("the classifier reads %s (%s)", POOLING_WORDS[pooling], chosen_by)
+    return load_labelled_head(checkpoint, label_names, reinit_head, model_class, **options)
+
+
+def load_labelled_head(checkpoint: CheckpointInfo, label_names: Sequence[str], reinit_head: bool, model_class, **options):
+    """`model_class` (a text or token classifier) from `checkpoint` with a head over `label_names`: the
+    checkpoint's own head when it has one of that size (unless `reinit_head`), else a new one; `options`
+    go to the model's config. A head of another size is refused unless `reinit_head`."""
+    num_labels, head_size = len(label_names), checkpoint.head_size
+    if head_size is not None and head_size != num_labels and not reinit_head:
+        raise ScratchBertError(
+            f"the checkpoint {checkpoint.name} has a classification head for {head_size} labels, but the data has "
+            f"{num_labels} ({', '.join(label_names)}). Pass --reinit-head (reinit_head=True) to train a new head "
+            "for these labels, or use data with the checkpoint's labels."
+        )
     with quiet_loading():  # the report below says what transformers' table would, in words
         model, loading = model_class.from_pretrained(
-            str(checkpoint.folder), num_labels=num_labels, id2label=id2label, label2id=label2id,
+            str(checkpoint.folder), num_labels=num_labels, id2label=dict(enumerate(label_names)),
+            label2id=dict(zip(label_names, range(num_labels))),
             ignore_mismatched_sizes=reinit_head,  # only reached with a mismatch when the user asked for a new head
             output_loading_info=True, **options,
         )  # fmt: skip
