@@ -19,9 +19,7 @@ Training reads each question's first answer; evaluation scores against all of th
 
 from __future__ import annotations
 
-import json
 import logging
-import shutil
 from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
@@ -32,13 +30,22 @@ from accelerate import PartialState
 
 from scratchbert.errors import ScratchBertError
 from scratchbert.tokenization import load_tokenizer
-from scratchbert.training.finetuning.config import CHECKPOINTS_DIR, METRICS_BY_TASK, FinetuneConfig
+from scratchbert.training.finetuning.config import METRICS_BY_TASK, FinetuneConfig
 from scratchbert.training.finetuning.data import carve_splits, read_splits
 from scratchbert.training.finetuning.metrics import unprefixed
 from scratchbert.training.finetuning.pretrained import CheckpointInfo, report_loaded_weights
 from scratchbert.training.finetuning.spans import SpanReading, best_answers, check_stride, tokenize_windows
 from scratchbert.training.finetuning.squad_metrics import squad_scores
-from scratchbert.training.finetuning.trainer import determinism_restored, fitted_schedule, make_trainer, training_arguments
+from scratchbert.training.finetuning.trainer import (
+    determinism_restored,
+    early_stopper,
+    fitted_schedule,
+    make_trainer,
+    refuse_text_classification_options,
+    run_outcome,
+    save_run,
+    training_arguments,
+)
 from scratchbert.training.finetuning.windows import fitted_inputs
 from scratchbert.training.run_folder import OutputDirLock, check_output_folder
 from scratchbert.weights import check_vocabulary, check_weights, model_folder, quiet_loading
@@ -53,9 +60,9 @@ def finetune_question_answering(config: FinetuneConfig, model_class=None) -> dic
 
     Returns {"reading", "schedule", "windows", "train", "validation", "test" (with a test split), "best_checkpoint",
     "early_stopping", "log_history"}, EM and F1 on SQuAD's 0-100 scale; also written to metrics.json."""
-    from transformers import EarlyStoppingCallback, set_seed  # on use: importing them takes a while
+    from transformers import set_seed  # on use: importing it takes a while
 
-    check_options(config)
+    refuse_text_classification_options(config, "windows of --max-length sharing --doc-stride", **{"--reinit-head": config.reinit_head})
     best_metric = config.best_metric or METRICS_BY_TASK[config.task][0]
 
     # 1. The checkpoint, read once; its fast tokenizer (the windows' offsets come from it); the window's length.
@@ -91,8 +98,7 @@ def finetune_question_answering(config: FinetuneConfig, model_class=None) -> dic
 
         # 4. The Trainer: evaluation and a checkpoint each epoch, scored per question; the best epoch reloaded at the end.
         args = training_arguments(config, schedule, output_dir, best_metric)
-        patience = config.early_stopping_patience or None  # 0: off, as None
-        stopper = EarlyStoppingCallback(early_stopping_patience=patience) if patience else None
+        stopper = early_stopper(config)
         trainer = make_trainer(
             model, tokenizer, args, windows["train"].remove_columns(["example", "offset_mapping"]), windows["validation"],
             compute_metrics=partial(span_scores, windows=windows["validation"], questions=splits["validation"], reading=reading),
@@ -101,27 +107,15 @@ def finetune_question_answering(config: FinetuneConfig, model_class=None) -> dic
         train_output = trainer.train()
 
         # 5. Evaluation: the kept epoch's validation as logged when it was evaluated; the test windows predicted and scored.
-        state = trainer.state
-        best_epoch = next(entry for entry in state.log_history if entry.get("step") == state.best_global_step and "eval_loss" in entry)
-        results = {
-            "reading": reading.__dict__, "schedule": schedule, "windows": {name: len(split) for name, split in windows.items()},
-            "train": unprefixed(train_output.metrics, "train_"), "validation": unprefixed(best_epoch, "eval_"),
-            "best_checkpoint": state.best_model_checkpoint if config.keep_checkpoints else None,  # else removed below
-            "early_stopping": {"patience": patience, "stopped_early": stopper is not None and stopper.early_stopping_patience_counter >= patience,
-                               "epochs_run": state.epoch, "optimizer_steps_run": state.global_step},
-        }  # fmt: skip
+        results = {"reading": reading.__dict__, "schedule": schedule, "windows": {name: len(split) for name, split in windows.items()},
+                   **run_outcome(trainer, train_output, stopper, config.keep_checkpoints)}  # fmt: skip
         if "test" in splits:
             trainer.compute_metrics = partial(span_scores, windows=windows["test"], questions=splits["test"], reading=reading)
             results["test"] = unprefixed(trainer.predict(windows["test"], metric_key_prefix="test").metrics, "test_")
 
         # 6. Saving: the config records how the model read a question and picked its answer (read back by `answer_questions`).
         reading.record(trainer.model.config)
-        tokenizer.model_max_length = max_length
-        trainer.save_model(str(output_dir))  # save_pretrained of the model and of the tokenizer
-        if not config.keep_checkpoints:
-            shutil.rmtree(output_dir / CHECKPOINTS_DIR, ignore_errors=True)
-        results["log_history"] = state.log_history
-        (output_dir / "metrics.json").write_text(json.dumps(results, indent=2) + "\n")
+        save_run(trainer, tokenizer, max_length, output_dir, results, config.keep_checkpoints)
     logger.info("saved the fine-tuned model and tokenizer to %s", output_dir)
     for split in ("validation", "test"):
         if split in results:
@@ -133,15 +127,6 @@ def finetune_question_answering_folder(checkpoint: str | Path, output_dir: str |
     """`finetune_question_answering` with `FinetuneConfig`'s fields as keyword arguments (train_files=..., epochs=...)."""
     config = FinetuneConfig(checkpoint=str(checkpoint), output_dir=str(output_dir), task="question-answering", **options)
     return finetune_question_answering(config, model_class)
-
-
-def check_options(config: FinetuneConfig) -> None:
-    """Refuse the text classifier's options, which a question answerer would otherwise leave unused."""
-    unused = {"--windows": config.windows != 1, "--truncation": config.truncation != "head", "--pooling": config.pooling is not None,
-              "--text-pair-column": config.text_pair_column is not None, "--reinit-head": config.reinit_head}  # fmt: skip
-    given = [flag for flag, is_given in unused.items() if is_given]
-    if given:
-        raise ScratchBertError(f"{', '.join(given)} belong to text classification; question answering reads windows of --max-length sharing --doc-stride.")
 
 
 def question_rows(split, name: str):

@@ -23,18 +23,15 @@ arguments; `scratchbert finetune` builds the `FinetuneConfig` (config.py) from i
 
 from __future__ import annotations
 
-import json
 import logging
-import shutil
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 from accelerate import PartialState
-from transformers import EarlyStoppingCallback
 
 from scratchbert.tokenization import load_tokenizer
-from scratchbert.training.finetuning.config import CHECKPOINTS_DIR, METRICS_BY_TASK, FinetuneConfig
+from scratchbert.training.finetuning.config import METRICS_BY_TASK, FinetuneConfig
 from scratchbert.training.finetuning.data import carve_splits, check_columns, encode_labels, label_names_of, label_warnings, read_splits
 from scratchbert.training.finetuning.metrics import document_metrics, document_predictions, report_collapse, unprefixed
 from scratchbert.training.finetuning.pretrained import CheckpointInfo, load_sequence_classifier
@@ -42,7 +39,10 @@ from scratchbert.training.finetuning.trainer import (  # noqa: F401 (also import
     default_learning_rate,
     determinism_restored,
     fitted_schedule,
+    early_stopper,
     make_trainer,
+    run_outcome,
+    save_run,
     training_arguments,
 )
 from scratchbert.training.finetuning.windows import fitted_inputs, long_text_advice, record_inputs, tokenize_splits
@@ -101,9 +101,7 @@ def finetune(config: FinetuneConfig, model_class=None) -> dict[str, Any]:
 
         # 4. The Trainer: evaluation and a checkpoint each epoch; the best epoch by `best_metric` (the first of equal ones) reloaded at the end.
         args = training_arguments(config, schedule, output_dir, best_metric)
-        # Early stopping reads the same per-epoch evaluation that picks the kept epoch (and the best one is still reloaded).
-        patience = config.early_stopping_patience or None  # 0: off, as None
-        stopper = EarlyStoppingCallback(early_stopping_patience=patience) if patience else None
+        stopper = early_stopper(config)
         trainer = make_trainer(
             model, tokenizer, args, splits["train"], splits["validation"],
             compute_metrics=partial(document_metrics, documents=splits["validation"]["document"]), callbacks=[stopper] if stopper else [],
@@ -112,18 +110,12 @@ def finetune(config: FinetuneConfig, model_class=None) -> dict[str, Any]:
 
         # 5. Evaluation: the kept epoch's validation scores as logged when it was evaluated; each text's scores for the one-class check.
         state = trainer.state
-        best_epoch = next(entry for entry in state.log_history if entry.get("step") == state.best_global_step and "eval_loss" in entry)
-        stopped = stopper is not None and stopper.early_stopping_patience_counter >= patience
-        if stopped:
+        results = {"labels": label_names, "label_warnings": doubtful_labels, "schedule": schedule, "inputs": inputs,
+                   "pooling": getattr(trainer.model.config, "classifier_pooling", "cls"),
+                   **run_outcome(trainer, train_output, stopper, config.keep_checkpoints)}  # fmt: skip
+        if results["early_stopping"]["stopped_early"]:
             logger.info("early stopping: %d evaluations without a better validation %s; stopped after %g of %g epochs (%d of %d steps)",
-                        patience, best_metric, state.epoch, schedule["epochs"], state.global_step, schedule["optimizer_steps"])  # fmt: skip
-        results = {
-            "labels": label_names, "label_warnings": doubtful_labels, "schedule": schedule, "inputs": inputs,
-            "train": unprefixed(train_output.metrics, "train_"), "validation": unprefixed(best_epoch, "eval_"),
-            "best_checkpoint": state.best_model_checkpoint if config.keep_checkpoints else None,  # else removed below
-            "pooling": getattr(trainer.model.config, "classifier_pooling", "cls"),
-            "early_stopping": {"patience": patience, "stopped_early": stopped, "epochs_run": state.epoch, "optimizer_steps_run": state.global_step},
-        }  # fmt: skip
+                        stopper.early_stopping_patience, best_metric, state.epoch, schedule["epochs"], state.global_step, schedule["optimizer_steps"])  # fmt: skip
         outputs = {}  # split -> each text's logits (D, K) and label (D,)
         for split, prefix in (("validation", "eval"), ("test", "test")):
             if split in splits:
@@ -136,12 +128,7 @@ def finetune(config: FinetuneConfig, model_class=None) -> dict[str, Any]:
 
         # 6. Saving: the config records how the model read a text (read back by `classify_texts`), the tokenizer cuts where it did.
         record_inputs(trainer.model.config, inputs)
-        tokenizer.model_max_length = inputs["max_length"]
-        trainer.save_model(str(output_dir))  # save_pretrained of the model and of the tokenizer
-        if not config.keep_checkpoints:
-            shutil.rmtree(output_dir / CHECKPOINTS_DIR, ignore_errors=True)
-        results["log_history"] = state.log_history
-        (output_dir / "metrics.json").write_text(json.dumps(results, indent=2) + "\n")
+        save_run(trainer, tokenizer, inputs["max_length"], output_dir, results, config.keep_checkpoints)
     logger.info("saved the fine-tuned model and tokenizer to %s", output_dir)
     for split in ("validation", "test"):
         if split in results:

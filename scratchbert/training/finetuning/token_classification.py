@@ -25,9 +25,7 @@ Words past `max_length` pieces are neither trained on nor scored, as in run_ner.
 
 from __future__ import annotations
 
-import json
 import logging
-import shutil
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -38,12 +36,21 @@ from accelerate import PartialState
 from scratchbert.errors import ScratchBertError
 from scratchbert.modeling_scratchbert import IGNORE_INDEX
 from scratchbert.tokenization import load_tokenizer
-from scratchbert.training.finetuning.config import CHECKPOINTS_DIR, FinetuneConfig
+from scratchbert.training.finetuning.config import FinetuneConfig
 from scratchbert.training.finetuning.data import LABEL_KINDS, carve_splits, read_splits
 from scratchbert.training.finetuning.entity_metrics import is_entity_scheme, tagging_scores
 from scratchbert.training.finetuning.metrics import unprefixed
 from scratchbert.training.finetuning.pretrained import CheckpointInfo, load_labelled_head
-from scratchbert.training.finetuning.trainer import determinism_restored, fitted_schedule, make_trainer, training_arguments
+from scratchbert.training.finetuning.trainer import (
+    determinism_restored,
+    early_stopper,
+    fitted_schedule,
+    make_trainer,
+    refuse_text_classification_options,
+    run_outcome,
+    save_run,
+    training_arguments,
+)
 from scratchbert.training.finetuning.windows import fitted_inputs
 from scratchbert.training.run_folder import OutputDirLock, check_output_folder
 from scratchbert.weights import check_vocabulary
@@ -56,9 +63,9 @@ def finetune_token_classification(config: FinetuneConfig, model_class=None) -> d
 
     Returns {"labels", "entity_scheme", "schedule", "words_cut", "train", "validation", "test" (with a test split),
     "best_checkpoint", "early_stopping", "log_history"}; also written to metrics.json."""
-    from transformers import DataCollatorForTokenClassification, EarlyStoppingCallback, set_seed  # on use: importing them takes a while
+    from transformers import DataCollatorForTokenClassification, set_seed  # on use: importing them takes a while
 
-    check_options(config)
+    refuse_text_classification_options(config, "each sentence's first --max-length pieces")
 
     # 1. The checkpoint, read once; its fast tokenizer (word ids tie each piece to its word); the pieces per sentence.
     output_dir = check_output_folder(config.output_dir, config.overwrite)
@@ -97,8 +104,7 @@ def finetune_token_classification(config: FinetuneConfig, model_class=None) -> d
 
         # 4. The Trainer: evaluation and a checkpoint each epoch, scored on words; the best epoch reloaded at the end.
         args = training_arguments(config, schedule, output_dir, best_metric)
-        patience = config.early_stopping_patience or None  # 0: off, as None
-        stopper = EarlyStoppingCallback(early_stopping_patience=patience) if patience else None
+        stopper = early_stopper(config)
         score = partial(word_scores, tag_names=tag_names, entity_scheme=entity_scheme)
         inputs = {name: split.remove_columns(["words", "words_read"]) for name, split in pieces.items()}
         trainer = make_trainer(model, tokenizer, args, inputs["train"], inputs["validation"], data_collator=DataCollatorForTokenClassification(tokenizer),
@@ -106,25 +112,13 @@ def finetune_token_classification(config: FinetuneConfig, model_class=None) -> d
         train_output = trainer.train()
 
         # 5. Evaluation: the kept epoch's validation as logged when it was evaluated; the test split predicted and scored.
-        state = trainer.state
-        best_epoch = next(entry for entry in state.log_history if entry.get("step") == state.best_global_step and "eval_loss" in entry)
-        results = {
-            "labels": tag_names, "entity_scheme": entity_scheme, "schedule": schedule, "words_cut": words_cut,
-            "train": unprefixed(train_output.metrics, "train_"), "validation": unprefixed(best_epoch, "eval_"),
-            "best_checkpoint": state.best_model_checkpoint if config.keep_checkpoints else None,  # else removed below
-            "early_stopping": {"patience": patience, "stopped_early": stopper is not None and stopper.early_stopping_patience_counter >= patience,
-                               "epochs_run": state.epoch, "optimizer_steps_run": state.global_step},
-        }  # fmt: skip
+        results = {"labels": tag_names, "entity_scheme": entity_scheme, "schedule": schedule, "words_cut": words_cut,
+                   **run_outcome(trainer, train_output, stopper, config.keep_checkpoints)}  # fmt: skip
         if "test" in inputs:
             results["test"] = unprefixed(trainer.predict(inputs["test"], metric_key_prefix="test").metrics, "test_")
 
         # 6. Saving: the tokenizer cuts where training cut, so the pipeline reads the words that were scored.
-        tokenizer.model_max_length = max_length
-        trainer.save_model(str(output_dir))  # save_pretrained of the model and of the tokenizer
-        if not config.keep_checkpoints:
-            shutil.rmtree(output_dir / CHECKPOINTS_DIR, ignore_errors=True)
-        results["log_history"] = state.log_history
-        (output_dir / "metrics.json").write_text(json.dumps(results, indent=2) + "\n")
+        save_run(trainer, tokenizer, max_length, output_dir, results, config.keep_checkpoints)
     logger.info("saved the fine-tuned model and tokenizer to %s", output_dir)
     for split in ("validation", "test"):
         if split in results:
@@ -138,15 +132,6 @@ def finetune_token_classification_folder(checkpoint: str | Path, output_dir: str
     """`finetune_token_classification` with `FinetuneConfig`'s fields as keyword arguments (train_files=..., epochs=...)."""
     config = FinetuneConfig(checkpoint=str(checkpoint), output_dir=str(output_dir), task="token-classification", **options)
     return finetune_token_classification(config, model_class)
-
-
-def check_options(config: FinetuneConfig) -> None:
-    """Refuse the text classifier's options, which a tagger would otherwise leave unused."""
-    unused = {"--windows": config.windows != 1, "--truncation": config.truncation != "head", "--pooling": config.pooling is not None,
-              "--text-pair-column": config.text_pair_column is not None}  # fmt: skip
-    given = [flag for flag, is_given in unused.items() if is_given]
-    if given:
-        raise ScratchBertError(f"{', '.join(given)} belong to text classification; token classification reads each sentence's first --max-length pieces.")
 
 
 def check_tagged(splits: dict, words_column: str, tags_column: str) -> None:

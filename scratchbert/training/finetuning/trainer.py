@@ -1,19 +1,22 @@
 """What every fine-tuning task's run shares: its schedule (`fitted_schedule`), Trainer's arguments
 (`training_arguments`), the `Trainer` (`make_trainer`) and what full determinism is undone by
-(`determinism_restored`). run.py (text classification), token_classification.py and
+(`determinism_restored`), what each run reports and saves (`run_outcome`, `save_run`). run.py (text classification), token_classification.py and
 question_answering.py each read top to bottom from these.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from scratchbert.errors import ScratchBertError
 from scratchbert.training.finetuning.config import CHECKPOINTS_DIR, DEFAULT_EPOCHS, LEARNING_RATES_BY_WIDTH, FinetuneConfig
 
 
@@ -114,3 +117,44 @@ def make_trainer(
         data_collator=data_collator if data_collator is not None else DataCollatorWithPadding(tokenizer),
         compute_metrics=compute_metrics, callbacks=callbacks,
     )  # fmt: skip
+
+def early_stopper(config: FinetuneConfig):
+    """Trainer's `EarlyStoppingCallback` for `--early-stopping-patience` (None for 0, off). It reads the same
+    per-epoch evaluation that picks the kept epoch, and the best epoch is still reloaded."""
+    from transformers import EarlyStoppingCallback
+
+    return EarlyStoppingCallback(early_stopping_patience=config.early_stopping_patience) if config.early_stopping_patience else None
+
+def run_outcome(trainer, train_output, stopper, keep_checkpoints: bool) -> dict[str, Any]:
+    """What every task's metrics.json says of the training: {"train", "validation" (the kept epoch's scores as logged
+    when it was evaluated), "best_checkpoint" (None once removed), "early_stopping"}, without Trainer's prefixes."""
+    from scratchbert.training.finetuning.metrics import unprefixed
+
+    state = trainer.state
+    best_epoch = next(entry for entry in state.log_history if entry.get("step") == state.best_global_step and "eval_loss" in entry)
+    patience = stopper.early_stopping_patience if stopper is not None else None
+    return {
+        "train": unprefixed(train_output.metrics, "train_"), "validation": unprefixed(best_epoch, "eval_"),
+        "best_checkpoint": state.best_model_checkpoint if keep_checkpoints else None,  # else removed by `save_run`
+        "early_stopping": {"patience": patience, "stopped_early": stopper is not None and stopper.early_stopping_patience_counter >= patience,
+                           "epochs_run": state.epoch, "optimizer_steps_run": state.global_step},
+    }  # fmt: skip
+
+def save_run(trainer, tokenizer, max_length: int, output_dir: Path, results: dict[str, Any], keep_checkpoints: bool) -> None:
+    """Save the kept model and the tokenizer (cutting where training cut, so a pipeline reads what was scored), drop
+    the epoch checkpoints unless kept, and write `results` with the log history to metrics.json."""
+    tokenizer.model_max_length = max_length
+    trainer.save_model(str(output_dir))  # save_pretrained of the model and of the tokenizer
+    if not keep_checkpoints:
+        shutil.rmtree(output_dir / CHECKPOINTS_DIR, ignore_errors=True)
+    results["log_history"] = trainer.state.log_history
+    (output_dir / "metrics.json").write_text(json.dumps(results, indent=2) + "\n")
+
+def refuse_text_classification_options(config: FinetuneConfig, task_reads: str, **also: bool) -> None:
+    """Refuse text classification's options in another task's run, which would otherwise leave them unused.
+    `task_reads` says what the task reads instead; `also` adds flags of its own ({"--reinit-head": ...})."""
+    unused = {"--windows": config.windows != 1, "--truncation": config.truncation != "head", "--pooling": config.pooling is not None,
+              "--text-pair-column": config.text_pair_column is not None, **also}  # fmt: skip
+    given = [flag for flag, is_given in unused.items() if is_given]
+    if given:
+        raise ScratchBertError(f"{', '.join(given)} belong to text classification; {config.task} reads {task_reads}.")
