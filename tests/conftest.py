@@ -47,6 +47,16 @@ def rxnfp_dir() -> Path:
     return root / "models" / "transformers" / "bert_pretrained"
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models gain nothing from a second thread, and when other processes share the two cores, two
+    threads spinning for each other make tests an order of magnitude slower (the fine-tuning tests use it)."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
 @pytest.fixture(scope="session")
 def bert_vocab_file(minilm_dir) -> Path:
     """bert-base-uncased's vocab.txt (byte-identical copy shipped with all-MiniLM-L6-v2)."""

@@ -31,13 +31,7 @@ READING = SpanReading(max_length=48, doc_stride=8, n_best=20, max_answer_length=
 RUN = ["--max-length", "48", "--doc-stride", "8", "--batch-size", "8", "--learning-rate", "3e-3", "--no-progress-bar"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """A tiny model gains nothing from a second thread on cores other processes share (as in test_finetune.py)."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: tiny models run on one thread
 
 
 @pytest.fixture(scope="module")

@@ -30,13 +30,7 @@ TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermed
 RUN = ["--text-column", "tokens", "--label-column", "tags", "--max-length", "64", "--batch-size", "16", "--learning-rate", "3e-3", "--no-progress-bar"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """A tiny model gains nothing from a second thread on cores other processes share (as in test_finetune.py)."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: tiny models run on one thread
 
 
 @pytest.fixture(scope="module")
