@@ -38,7 +38,6 @@ from scratchbert.training.finetuning.spans import SpanReading, best_answers, che
 from scratchbert.training.finetuning.squad_metrics import squad_scores
 from scratchbert.training.finetuning.trainer import (
     determinism_restored,
-    early_stopper,
     fitted_schedule,
     make_trainer,
     refuse_text_classification_options,
@@ -98,17 +97,16 @@ def finetune_question_answering(config: FinetuneConfig, model_class=None) -> dic
 
         # 4. The Trainer: evaluation and a checkpoint each epoch, scored per question; the best epoch reloaded at the end.
         args = training_arguments(config, schedule, output_dir, best_metric)
-        stopper = early_stopper(config)
         trainer = make_trainer(
             model, tokenizer, args, windows["train"].remove_columns(["example", "offset_mapping"]), windows["validation"],
             compute_metrics=partial(span_scores, windows=windows["validation"], questions=splits["validation"], reading=reading),
-            callbacks=[stopper] if stopper else [],
+            early_stopping_patience=config.early_stopping_patience,
         )  # fmt: skip
         train_output = trainer.train()
 
         # 5. Evaluation: the kept epoch's validation as logged when it was evaluated; the test windows predicted and scored.
         results = {"reading": reading.__dict__, "schedule": schedule, "windows": {name: len(split) for name, split in windows.items()},
-                   **run_outcome(trainer, train_output, stopper, config.keep_checkpoints)}  # fmt: skip
+                   **run_outcome(trainer, train_output, config.keep_checkpoints)}  # fmt: skip
         if "test" in splits:
             trainer.compute_metrics = partial(span_scores, windows=windows["test"], questions=splits["test"], reading=reading)
             results["test"] = unprefixed(trainer.predict(windows["test"], metric_key_prefix="test").metrics, "test_")

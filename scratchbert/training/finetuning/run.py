@@ -39,7 +39,6 @@ from scratchbert.training.finetuning.trainer import (  # noqa: F401 (also import
     default_learning_rate,
     determinism_restored,
     fitted_schedule,
-    early_stopper,
     make_trainer,
     run_outcome,
     save_run,
@@ -101,10 +100,9 @@ def finetune(config: FinetuneConfig, model_class=None) -> dict[str, Any]:
 
         # 4. The Trainer: evaluation and a checkpoint each epoch; the best epoch by `best_metric` (the first of equal ones) reloaded at the end.
         args = training_arguments(config, schedule, output_dir, best_metric)
-        stopper = early_stopper(config)
         trainer = make_trainer(
             model, tokenizer, args, splits["train"], splits["validation"],
-            compute_metrics=partial(document_metrics, documents=splits["validation"]["document"]), callbacks=[stopper] if stopper else [],
+            compute_metrics=partial(document_metrics, documents=splits["validation"]["document"]), early_stopping_patience=config.early_stopping_patience,
         )  # fmt: skip
         train_output = trainer.train()
 
@@ -112,10 +110,10 @@ def finetune(config: FinetuneConfig, model_class=None) -> dict[str, Any]:
         state = trainer.state
         results = {"labels": label_names, "label_warnings": doubtful_labels, "schedule": schedule, "inputs": inputs,
                    "pooling": getattr(trainer.model.config, "classifier_pooling", "cls"),
-                   **run_outcome(trainer, train_output, stopper, config.keep_checkpoints)}  # fmt: skip
+                   **run_outcome(trainer, train_output, config.keep_checkpoints)}  # fmt: skip
         if results["early_stopping"]["stopped_early"]:
             logger.info("early stopping: %d evaluations without a better validation %s; stopped after %g of %g epochs (%d of %d steps)",
-                        stopper.early_stopping_patience, best_metric, state.epoch, schedule["epochs"], state.global_step, schedule["optimizer_steps"])  # fmt: skip
+                        results["early_stopping"]["patience"], best_metric, state.epoch, schedule["epochs"], state.global_step, schedule["optimizer_steps"])  # fmt: skip
         outputs = {}  # split -> each text's logits (D, K) and label (D,)
         for split, prefix in (("validation", "eval"), ("test", "test")):
             if split in splits:

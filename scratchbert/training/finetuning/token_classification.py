@@ -43,7 +43,6 @@ from scratchbert.training.finetuning.metrics import unprefixed
 from scratchbert.training.finetuning.pretrained import CheckpointInfo, load_labelled_head
 from scratchbert.training.finetuning.trainer import (
     determinism_restored,
-    early_stopper,
     fitted_schedule,
     make_trainer,
     refuse_text_classification_options,
@@ -104,16 +103,15 @@ def finetune_token_classification(config: FinetuneConfig, model_class=None) -> d
 
         # 4. The Trainer: evaluation and a checkpoint each epoch, scored on words; the best epoch reloaded at the end.
         args = training_arguments(config, schedule, output_dir, best_metric)
-        stopper = early_stopper(config)
         score = partial(word_scores, tag_names=tag_names, entity_scheme=entity_scheme)
         inputs = {name: split.remove_columns(["words", "words_read"]) for name, split in pieces.items()}
         trainer = make_trainer(model, tokenizer, args, inputs["train"], inputs["validation"], data_collator=DataCollatorForTokenClassification(tokenizer),
-                               compute_metrics=score, callbacks=[stopper] if stopper else [])  # fmt: skip
+                               compute_metrics=score, early_stopping_patience=config.early_stopping_patience)  # fmt: skip
         train_output = trainer.train()
 
         # 5. Evaluation: the kept epoch's validation as logged when it was evaluated; the test split predicted and scored.
         results = {"labels": tag_names, "entity_scheme": entity_scheme, "schedule": schedule, "words_cut": words_cut,
-                   **run_outcome(trainer, train_output, stopper, config.keep_checkpoints)}  # fmt: skip
+                   **run_outcome(trainer, train_output, config.keep_checkpoints)}  # fmt: skip
         if "test" in inputs:
             results["test"] = unprefixed(trainer.predict(inputs["test"], metric_key_prefix="test").metrics, "test_")
 

@@ -94,9 +94,11 @@ def training_arguments(config: FinetuneConfig, schedule: dict[str, Any], output_
     )  # fmt: skip
 
 def make_trainer(
-    model, tokenizer, args, train_dataset=None, eval_dataset=None, data_collator=None, compute_metrics=None, callbacks=None
+    model, tokenizer, args, train_dataset=None, eval_dataset=None, data_collator=None, compute_metrics=None, callbacks=None,
+    early_stopping_patience: int = 0,
 ):
-    """A `Trainer` whose loss and gradients do not depend on how a batch is split up.
+    """A `Trainer` whose loss and gradients do not depend on how a batch is split up, stopping early after
+    `early_stopping_patience` evaluations without a better `metric_for_best_model` (0: never).
 
     Under gradient accumulation, Trainer passes `num_items_in_batch` (the labelled items of
     the whole accumulated batch) to a model that accepts loss kwargs and then skips its own
@@ -108,29 +110,27 @@ def make_trainer(
     `gradient_accumulation_steps` times too large. So a model that does not declare it is
     marked `accepts_loss_kwargs = False`, and Trainer divides by the number of micro-batches.
     """
-    from transformers import DataCollatorWithPadding, Trainer  # on use: importing Trainer takes a while
+    from transformers import DataCollatorWithPadding, EarlyStoppingCallback, Trainer  # on use: importing Trainer takes a while
 
     if not hasattr(model, "accepts_loss_kwargs"):
         model.accepts_loss_kwargs = False
+    if early_stopping_patience:  # it reads the per-epoch evaluation that picks the kept epoch; the best one is still reloaded
+        callbacks = [*(callbacks or []), EarlyStoppingCallback(early_stopping_patience=early_stopping_patience)]
     return Trainer(
         model=model, args=args, train_dataset=train_dataset, eval_dataset=eval_dataset, processing_class=tokenizer,
         data_collator=data_collator if data_collator is not None else DataCollatorWithPadding(tokenizer),
         compute_metrics=compute_metrics, callbacks=callbacks,
     )  # fmt: skip
 
-def early_stopper(config: FinetuneConfig):
-    """Trainer's `EarlyStoppingCallback` for `--early-stopping-patience` (None for 0, off). It reads the same
-    per-epoch evaluation that picks the kept epoch, and the best epoch is still reloaded."""
-    from transformers import EarlyStoppingCallback
-
-    return EarlyStoppingCallback(early_stopping_patience=config.early_stopping_patience) if config.early_stopping_patience else None
-
-def run_outcome(trainer, train_output, stopper, keep_checkpoints: bool) -> dict[str, Any]:
+def run_outcome(trainer, train_output, keep_checkpoints: bool) -> dict[str, Any]:
     """What every task's metrics.json says of the training: {"train", "validation" (the kept epoch's scores as logged
     when it was evaluated), "best_checkpoint" (None once removed), "early_stopping"}, without Trainer's prefixes."""
+    from transformers import EarlyStoppingCallback
+
     from scratchbert.training.finetuning.metrics import unprefixed
 
     state = trainer.state
+    stopper = next((callback for callback in trainer.callback_handler.callbacks if isinstance(callback, EarlyStoppingCallback)), None)
     best_epoch = next(entry for entry in state.log_history if entry.get("step") == state.best_global_step and "eval_loss" in entry)
     patience = stopper.early_stopping_patience if stopper is not None else None
     return {
