@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 from pathlib import Path
 
@@ -45,6 +46,42 @@ def rxnfp_dir() -> Path:
     if root is None:
         pytest.skip("rxnfp is not installed (pip install --no-deps rxnfp==0.1.0)")
     return root / "models" / "transformers" / "bert_pretrained"
+
+
+@pytest.fixture(scope="session")
+def bert_tokenizer(minilm_dir):
+    """bert-base-uncased's WordPiece vocabulary, as scratchbert's fast tokenizer."""
+    from scratchbert.tokenization import tokenizer_from_vocab
+
+    return tokenizer_from_vocab(minilm_dir / "vocab.txt")
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory, bert_tokenizer) -> Path:
+    """A tiny pretraining-style checkpoint (hidden 32, 2 layers, 128 positions; MLM head, no task head) with
+    bert-base-uncased's vocabulary: what the token-classification and question-answering runs fine-tune."""
+    from scratchbert import ScratchBertForMaskedLM
+
+    folder = tmp_path_factory.mktemp("tiny_checkpoint")
+    torch.manual_seed(0)
+    geometry = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, max_position_embeddings=128)
+    ScratchBertForMaskedLM(ScratchBertConfig(vocab_size=len(bert_tokenizer), **geometry)).save_pretrained(folder)
+    bert_tokenizer.save_pretrained(folder)
+    return folder
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def finetune_cli(capsys, *argv) -> tuple[int, str, str]:
+    """`scratchbert finetune ARGV` in-process: its exit code, what it printed and what it wrote to stderr."""
+    import scratchbert.commands
+
+    code = scratchbert.commands.main(["finetune", *map(str, argv)])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import forget_kernel_choices
+from conftest import forget_kernel_choices, write_jsonl
 from datasets import ClassLabel, Dataset, DatasetDict
 from safetensors.torch import load_file
 from transformers import (
@@ -124,11 +124,6 @@ def write_csv(path, rows: list[dict], fieldnames=None):
         writer = csv.DictWriter(f, fieldnames=fieldnames or list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    return path
-
-
-def write_jsonl(path, rows: list[dict]):
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     return path
 
 

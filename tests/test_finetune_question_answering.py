@@ -16,38 +16,19 @@ import re
 
 import numpy as np
 import pytest
-import torch
+from conftest import finetune_cli, write_jsonl
 
 import scratchbert.commands
-from scratchbert import ScratchBertConfig, ScratchBertForMaskedLM
-from scratchbert.tokenization import tokenizer_from_vocab
 from scratchbert.training.finetuning.question_answering import answer_questions, check_questions, question_rows
 from scratchbert.training.finetuning.spans import SpanReading, answer_pieces, best_answers, check_stride, tokenize_windows
 from scratchbert.training.finetuning.squad_metrics import exact_match, f1, normalize_answer, squad_scores
 from scratchbert.training.finetuning.text_questions import questions_from_text, squad_json
 
-TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, max_position_embeddings=128)
 READING = SpanReading(max_length=48, doc_stride=8, n_best=20, max_answer_length=30, null_answers=False)
 RUN = ["--max-length", "48", "--doc-stride", "8", "--batch-size", "8", "--learning-rate", "3e-3", "--no-progress-bar"]
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: tiny models run on one thread
-
-
-@pytest.fixture(scope="module")
-def tokenizer(minilm_dir):
-    """bert-base-uncased's WordPiece vocabulary, as scratchbert's fast tokenizer."""
-    return tokenizer_from_vocab(minilm_dir / "vocab.txt")
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory, tokenizer):
-    """A tiny scratchbert pretraining-style checkpoint (MLM head, no QA head) with the tokenizer."""
-    folder = tmp_path_factory.mktemp("qa_checkpoint")
-    torch.manual_seed(0)
-    ScratchBertForMaskedLM(ScratchBertConfig(vocab_size=len(tokenizer), **TINY)).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
 
 
 @pytest.fixture(scope="module")
@@ -59,26 +40,15 @@ def quoted_questions() -> dict[str, list[dict]]:
     return {"train": [r for r in rows if int(r["id"][1:]) % 5], "test": [r for r in rows if int(r["id"][1:]) % 5 == 0]}
 
 
-def write_jsonl(path, rows):
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    return path
-
-
-def finetune_cli(capsys, *argv) -> tuple[int, str, str]:
-    code = scratchbert.commands.main(["finetune", *map(str, argv)])
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory, checkpoint, quoted_questions):
+def trained(tmp_path_factory, tiny_checkpoint, quoted_questions):
     """One run of the command: train on a SQuAD v1.1 JSON file, score a JSON-lines test file; what it printed."""
     folder = tmp_path_factory.mktemp("qa_run")
     train = folder / "train.json"
     train.write_text(json.dumps(squad_json(quoted_questions["train"], version="1.1")))
     test = write_jsonl(folder / "test.jsonl", quoted_questions["test"])
     out = folder / "out"
-    argv = ["finetune", str(checkpoint), "--task", "question-answering", "--train-file", str(train), "--test-file", str(test),
+    argv = ["finetune", str(tiny_checkpoint), "--task", "question-answering", "--train-file", str(train), "--test-file", str(test),
             "--output-dir", str(out), "--epochs", "15", *RUN]  # fmt: skip
     with contextlib.redirect_stdout(io.StringIO()) as printed:
         assert scratchbert.commands.main(argv) == 0
@@ -163,9 +133,9 @@ def windows_of_one(tokenizer, row, reading=READING) -> dict:
     return tokenize_windows(batch, [0], tokenizer, reading)
 
 
-def test_a_long_context_becomes_windows_that_share_doc_stride_tokens(tokenizer):
-    row = long_question(tokenizer)
-    windows = windows_of_one(tokenizer, row)
+def test_a_long_context_becomes_windows_that_share_doc_stride_tokens(bert_tokenizer):
+    row = long_question(bert_tokenizer)
+    windows = windows_of_one(bert_tokenizer, row)
     pieces = [[span for span in offsets if span is not None] for offsets in windows["offset_mapping"]]
     assert len(pieces) > 5 and set(windows["example"]) == {0}
     assert all(len(ids) <= READING.max_length for ids in windows["input_ids"])
@@ -173,14 +143,14 @@ def test_a_long_context_becomes_windows_that_share_doc_stride_tokens(tokenizer):
         assert before[-READING.doc_stride :] == after[: READING.doc_stride]  # the stride: shared context pieces
     covered = sorted({span for window in pieces for span in window})
     assert covered[0][0] == 0 and covered[-1][1] == len(row["context"].rstrip())  # every character is in some window
-    question_ids = tokenizer(row["question"], add_special_tokens=False)["input_ids"]
+    question_ids = bert_tokenizer(row["question"], add_special_tokens=False)["input_ids"]
     assert all(ids[1 : 1 + len(question_ids)] == question_ids for ids in windows["input_ids"])  # every window reads the question
 
 
-def test_an_answer_split_across_windows_is_labelled_in_the_window_that_holds_all_of_it(tokenizer):
-    row = long_question(tokenizer)
+def test_an_answer_split_across_windows_is_labelled_in_the_window_that_holds_all_of_it(bert_tokenizer):
+    row = long_question(bert_tokenizer)
     context = row["context"]
-    probe = windows_of_one(tokenizer, row)
+    probe = windows_of_one(bert_tokenizer, row)
     first_window = [span for span in probe["offset_mapping"][0] if span is not None]
     # an answer of the three pieces across the first window's end: its last piece and the two after it
     start_char = first_window[-1][0]
@@ -188,7 +158,7 @@ def test_an_answer_split_across_windows_is_labelled_in_the_window_that_holds_all
     following = [span for span in second_window if span[0] > first_window[-1][0]]
     end_char = following[1][1]
     answer = {"text": [context[start_char:end_char]], "answer_start": [start_char]}
-    windows = windows_of_one(tokenizer, {**row, "answers": answer})
+    windows = windows_of_one(bert_tokenizer, {**row, "answers": answer})
     assert (windows["start_positions"][0], windows["end_positions"][0]) == (0, 0)  # cut by the window's end: [CLS]
     labelled = [w for w, start in enumerate(windows["start_positions"]) if start != 0]
     assert labelled and labelled[0] == 1
@@ -202,12 +172,12 @@ def test_an_answer_split_across_windows_is_labelled_in_the_window_that_holds_all
     assert answer_pieces([None, (0, 5), (6, 9), None], {"text": [], "answer_start": []}) == (0, 0)  # no answer (v2)
 
 
-def test_doc_stride_must_leave_a_window_room_to_move_on(tokenizer):
-    check_stride(tokenizer, ["what is it?"], READING)  # 4 question tokens: 41 context tokens, stride 8
+def test_doc_stride_must_leave_a_window_room_to_move_on(bert_tokenizer):
+    check_stride(bert_tokenizer, ["what is it?"], READING)  # 4 question tokens: 41 context tokens, stride 8
     with pytest.raises(Exception, match=r"doc_stride 41 must be less than the 41 context tokens a window has .*lower --doc-stride or raise --max-length"):
-        check_stride(tokenizer, ["what is it?"], SpanReading(48, 41, 20, 30, False))
+        check_stride(bert_tokenizer, ["what is it?"], SpanReading(48, 41, 20, 30, False))
     with pytest.raises(Exception, match="leaves no room for its context"):
-        check_stride(tokenizer, [" ".join(["word"] * 60)], READING)
+        check_stride(bert_tokenizer, [" ".join(["word"] * 60)], READING)
 
 
 # --------------------------------------------------------------------------- post-processing
@@ -282,11 +252,11 @@ def test_the_saved_folder_records_how_it_read_and_answered(trained):
     assert not (trained["out"] / "checkpoints").exists()
 
 
-def test_squad_v2_questions_without_an_answer_are_recognised_and_scored(tmp_path, checkpoint, capsys):
+def test_squad_v2_questions_without_an_answer_are_recognised_and_scored(tmp_path, tiny_checkpoint, capsys):
     rows = [row for row in questions_from_text(context_words=1, unanswerable=0.3, seed=2) if len(row["question"].split()) <= 20][:60]
     train = write_jsonl(tmp_path / "train.jsonl", rows)
     out = tmp_path / "out"
-    code, printed, err = finetune_cli(capsys, checkpoint, "--task", "question-answering", "--train-file", train, "--output-dir", out, "--epochs", "1", *RUN)
+    code, printed, err = finetune_cli(capsys, tiny_checkpoint, "--task", "question-answering", "--train-file", train, "--output-dir", out, "--epochs", "1", *RUN)
     assert code == 0, err
     assert json.loads((out / "config.json").read_text())["question_answering"]["null_answers"] is True
     assert set(json.loads(printed.splitlines()[-1])["validation"]) == {"f1", "exact_match"}
@@ -310,31 +280,31 @@ def bad_rows(quoted_questions, change) -> list[dict]:
         (lambda rows: None, ["--windows", "2"], "--windows belong to text classification"),
     ],
 )  # fmt: skip
-def test_bad_questions_stop_in_one_line_and_write_nothing(tmp_path, checkpoint, quoted_questions, capsys, change, flags, message):
+def test_bad_questions_stop_in_one_line_and_write_nothing(tmp_path, tiny_checkpoint, quoted_questions, capsys, change, flags, message):
     train = write_jsonl(tmp_path / "train.jsonl", bad_rows(quoted_questions, change))
     out = tmp_path / "out"
-    code, _, err = finetune_cli(capsys, checkpoint, "--task", "question-answering", "--train-file", train, "--output-dir", out, *RUN, *flags)
+    code, _, err = finetune_cli(capsys, tiny_checkpoint, "--task", "question-answering", "--train-file", train, "--output-dir", out, *RUN, *flags)
     errors = [line for line in err.splitlines() if "error:" in line]  # datasets' progress bars share stderr
     assert code == 2 and len(errors) == 1 and errors[0].startswith("scratchbert finetune: error: "), err
     assert re.search(message, errors[0]), err
     assert not out.exists()
 
 
-def test_squad_files_without_questions_are_refused(tmp_path, checkpoint, capsys):
+def test_squad_files_without_questions_are_refused(tmp_path, tiny_checkpoint, capsys):
     for number, data in enumerate(([], [{"title": "t", "paragraphs": []}])):
         empty = tmp_path / f"empty{number}.json"
         empty.write_text(json.dumps({"version": "1.1", "data": data}))
-        code, _, err = finetune_cli(capsys, checkpoint, "--task", "question-answering", "--train-file", empty, "--output-dir", tmp_path / "out", *RUN)
+        code, _, err = finetune_cli(capsys, tiny_checkpoint, "--task", "question-answering", "--train-file", empty, "--output-dir", tmp_path / "out", *RUN)
         assert code == 2 and "the train data is a SQuAD file without questions" in err, err
     assert not (tmp_path / "out").exists()
 
 
-def test_answer_refuses_a_model_not_fine_tuned_for_questions_and_bad_arguments(checkpoint, tokenizer, tmp_path, capsys):
+def test_answer_refuses_a_model_not_fine_tuned_for_questions_and_bad_arguments(tiny_checkpoint, bert_tokenizer, tmp_path, capsys):
     from transformers import AutoModelForQuestionAnswering
 
     folder = tmp_path / "plain_qa"  # a QA head never fine-tuned by the command: its config records no reading
-    AutoModelForQuestionAnswering.from_pretrained(str(checkpoint)).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
+    AutoModelForQuestionAnswering.from_pretrained(str(tiny_checkpoint)).save_pretrained(folder)
+    bert_tokenizer.save_pretrained(folder)
     assert scratchbert.commands.main(["answer", "--model", str(folder), "--question", "what?", "--context", "it"]) == 2
     assert "was not fine-tuned by `scratchbert finetune --task question-answering`" in capsys.readouterr().err
     assert scratchbert.commands.main(["answer", "--model", str(folder), "--question", "what?"]) == 2

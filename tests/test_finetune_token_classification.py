@@ -16,36 +16,18 @@ import random
 import re
 
 import pytest
-import torch
+from conftest import finetune_cli, write_jsonl
 
 import scratchbert.commands
-from scratchbert import ScratchBertConfig, ScratchBertForMaskedLM
 from scratchbert.ingestion import DataError, read_conll
 from scratchbert.modeling_scratchbert import IGNORE_INDEX
-from scratchbert.tokenization import tokenizer_from_vocab
 from scratchbert.training.finetuning.entity_metrics import entities, is_entity_scheme, tagging_scores
 from scratchbert.training.finetuning.token_classification import tokenize_words
 
-TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, max_position_embeddings=128)
 RUN = ["--text-column", "tokens", "--label-column", "tags", "--max-length", "64", "--batch-size", "16", "--learning-rate", "3e-3", "--no-progress-bar"]
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: tiny models run on one thread
-
-
-@pytest.fixture(scope="module")
-def tokenizer(minilm_dir):
-    return tokenizer_from_vocab(minilm_dir / "vocab.txt")
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory, tokenizer):
-    """A tiny scratchbert pretraining-style checkpoint (MLM head, no tagging head) with the tokenizer."""
-    folder = tmp_path_factory.mktemp("tagging_checkpoint")
-    torch.manual_seed(0)
-    ScratchBertForMaskedLM(ScratchBertConfig(vocab_size=len(tokenizer), **TINY)).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
 
 
 def brown(shared_data, split: str, count: int) -> list[dict]:
@@ -65,23 +47,12 @@ def names_as_entities(row: dict) -> dict:
     return {"tokens": row["tokens"], "tags": tags}
 
 
-def write_jsonl(path, rows):
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    return path
-
-
 def write_conll(path, rows):
     lines = ["-DOCSTART- -X- O", ""]
     for row in rows:
         lines += [f"{word}\tX\t{tag}" for word, tag in zip(row["tokens"], row["tags"])] + [""]
     path.write_text("\n".join(lines))
     return path
-
-
-def finetune_cli(capsys, *argv) -> tuple[int, str, str]:
-    code = scratchbert.commands.main(["finetune", *map(str, argv)])
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 # --------------------------------------------------------------------------- seqeval's scores
@@ -140,13 +111,13 @@ def test_conll_files_read_as_tokens_and_tags(tmp_path, shared_data):
         read_conll([str(tmp_path / "bad.conll")])
 
 
-def test_a_words_first_piece_carries_its_tag_and_label_all_pieces_every_piece(tokenizer):
+def test_a_words_first_piece_carries_its_tag_and_label_all_pieces_every_piece(bert_tokenizer):
     batch = {"tokens": [["Unaffable", "Jo", "smiled"]], "tags": [["B-ADJ", "B-PER", "O"]]}
     names = ["B-ADJ", "B-PER", "I-ADJ", "I-PER", "O"]
-    options = dict(tokenizer=tokenizer, words_column="tokens", tags_column="tags", tag_names=names, tag_name=str, max_length=64)
+    options = dict(tokenizer=bert_tokenizer, words_column="tokens", tags_column="tags", tag_names=names, tag_name=str, max_length=64)
     first = tokenize_words(batch, all_pieces=False, **options)
     every = tokenize_words(batch, all_pieces=True, **options)
-    pieces = tokenizer.convert_ids_to_tokens(first["input_ids"][0])
+    pieces = bert_tokenizer.convert_ids_to_tokens(first["input_ids"][0])
     assert pieces[:4] == ["[CLS]", "una", "##ffa", "##ble"]  # one word, three pieces
     assert first["labels"][0] == [IGNORE_INDEX, 0, IGNORE_INDEX, IGNORE_INDEX, 1, 4, IGNORE_INDEX]
     assert every["labels"][0] == [IGNORE_INDEX, 0, 2, 2, 1, 4, IGNORE_INDEX]  # B-ADJ continues as I-ADJ
@@ -158,13 +129,13 @@ def test_a_words_first_piece_carries_its_tag_and_label_all_pieces_every_piece(to
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory, checkpoint, shared_data):
+def trained(tmp_path_factory, tiny_checkpoint, shared_data):
     """One run of the command on Brown's part-of-speech tags (JSON lines); what it printed."""
     folder = tmp_path_factory.mktemp("tagging_run")
     train = write_jsonl(folder / "train.jsonl", brown(shared_data, "train", 600))
     test = write_jsonl(folder / "test.jsonl", brown(shared_data, "test", 150))
     out = folder / "out"
-    argv = ["finetune", str(checkpoint), "--task", "token-classification", "--train-file", str(train), "--test-file", str(test),
+    argv = ["finetune", str(tiny_checkpoint), "--task", "token-classification", "--train-file", str(train), "--test-file", str(test),
             "--output-dir", str(out), "--epochs", "4", *RUN]  # fmt: skip
     with contextlib.redirect_stdout(io.StringIO()) as printed:
         assert scratchbert.commands.main(argv) == 0
@@ -201,11 +172,11 @@ def test_the_saved_folder_names_its_tags_and_the_run_its_figures(trained):
     assert not (trained["out"] / "checkpoints").exists()
 
 
-def test_conll_entities_are_scored_as_seqeval_scores_them(tmp_path, checkpoint, shared_data, capsys):
+def test_conll_entities_are_scored_as_seqeval_scores_them(tmp_path, tiny_checkpoint, shared_data, capsys):
     train = write_conll(tmp_path / "train.conll", [names_as_entities(row) for row in brown(shared_data, "train", 300)])
     test = write_conll(tmp_path / "test.conll", [names_as_entities(row) for row in brown(shared_data, "test", 100)])
     out = tmp_path / "out"
-    code, printed, err = finetune_cli(capsys, checkpoint, "--task", "token-classification", "--train-file", train, "--test-file", test,
+    code, printed, err = finetune_cli(capsys, tiny_checkpoint, "--task", "token-classification", "--train-file", train, "--test-file", test,
                                       "--output-dir", out, "--epochs", "2", "--label-all-pieces", *RUN)  # fmt: skip
     assert code == 0, err
     summary = json.loads(printed.splitlines()[-1])
@@ -231,10 +202,10 @@ def bad_rows(shared_data, change) -> list[dict]:
         (lambda rows: None, ["--windows", "2"], "--windows belong to text classification"),
     ],
 )  # fmt: skip
-def test_bad_sentences_stop_in_one_line_and_write_nothing(tmp_path, checkpoint, shared_data, capsys, change, flags, message):
+def test_bad_sentences_stop_in_one_line_and_write_nothing(tmp_path, tiny_checkpoint, shared_data, capsys, change, flags, message):
     train = write_jsonl(tmp_path / "train.jsonl", bad_rows(shared_data, change))
     out = tmp_path / "out"
-    code, _, err = finetune_cli(capsys, checkpoint, "--task", "token-classification", "--train-file", train, "--output-dir", out, *RUN, *flags)
+    code, _, err = finetune_cli(capsys, tiny_checkpoint, "--task", "token-classification", "--train-file", train, "--output-dir", out, *RUN, *flags)
     errors = [line for line in err.splitlines() if "error:" in line]  # datasets' progress bars share stderr
     assert code == 2 and len(errors) == 1 and errors[0].startswith("scratchbert finetune: error: "), err
     assert re.search(message, errors[0]), err
