@@ -84,6 +84,16 @@ def finetune_cli(capsys, *argv) -> tuple[int, str, str]:
     return code, captured.out, captured.err
 
 
+def assert_refused(code: int, err: str, message: str, out: Path) -> None:
+    """`scratchbert finetune` stopped with exit code 2 and one error line matching `message`, writing nothing to `out`."""
+    import re
+
+    errors = [line for line in err.splitlines() if "error:" in line]  # datasets' progress bars share stderr
+    assert code == 2 and len(errors) == 1 and errors[0].startswith("scratchbert finetune: error: "), err
+    assert re.search(message, errors[0]), err
+    assert not out.exists()
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """Tiny models gain nothing from a second thread, and when other processes share the two cores, two

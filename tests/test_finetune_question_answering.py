@@ -12,11 +12,10 @@ import contextlib
 import io
 import json
 import random
-import re
 
 import numpy as np
 import pytest
-from conftest import finetune_cli, write_jsonl
+from conftest import assert_refused, finetune_cli, write_jsonl
 
 import scratchbert.commands
 from scratchbert.training.finetuning.question_answering import answer_questions, check_questions, question_rows
@@ -284,10 +283,7 @@ def test_bad_questions_stop_in_one_line_and_write_nothing(tmp_path, tiny_checkpo
     train = write_jsonl(tmp_path / "train.jsonl", bad_rows(quoted_questions, change))
     out = tmp_path / "out"
     code, _, err = finetune_cli(capsys, tiny_checkpoint, "--task", "question-answering", "--train-file", train, "--output-dir", out, *RUN, *flags)
-    errors = [line for line in err.splitlines() if "error:" in line]  # datasets' progress bars share stderr
-    assert code == 2 and len(errors) == 1 and errors[0].startswith("scratchbert finetune: error: "), err
-    assert re.search(message, errors[0]), err
-    assert not out.exists()
+    assert_refused(code, err, message, out)
 
 
 def test_squad_files_without_questions_are_refused(tmp_path, tiny_checkpoint, capsys):
