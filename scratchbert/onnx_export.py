@@ -60,7 +60,9 @@ TOLERANCE = 1e-4  # largest absolute difference from PyTorch allowed at a real t
 # token: both round alike, but a value within fp32's last bits of an int8 step's midpoint (the two
 # engines' attention and LayerNorm differ there) rounds to neighbouring steps, and the layers after it
 # then differ by int8's own error. Measured on all-MiniLM-L6-v2: up to 2.4% (0.14 of 5.9), tokens'
-# cosine >= 0.994 (docs/deployment.md).
+# cosine >= 0.994 (docs/deployment.md). Allowed: this share, or twice int8's own distance from fp32 on
+# the same batches where that is larger: a classifier's two logits carry all of a flip's effect (an
+# IMDB classifier on an Intel Xeon with AMX went past 5%, and int8 itself moved them as far).
 INT8_TOLERANCE = 0.05
 # Copied beside model.onnx when the checkpoint has them: what a tokenizer (and a pipeline) loads.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "added_tokens.json")
@@ -150,7 +152,12 @@ def export_onnx(
         from scratchbert.quantization import quantize_dynamic
 
         onnx.save(int8_graph(onnx.load(str(path)), model.config.num_hidden_layers), str(path))
-        max_abs_diff = verify_onnx(path, _GraphInputs(quantize_dynamic(model), output_name).eval(), INT8_TOLERANCE, relative=True)
+        batches = check_batches(model.config.vocab_size)
+        with torch.no_grad():
+            fp32_outputs = [graph(**batch) for batch in batches]  # before quantize_dynamic changes the model in place
+            quantized = _GraphInputs(quantize_dynamic(model), output_name).eval()
+            own_error = max(difference(quantized(**batch), out, batch, relative=True) for batch, out in zip(batches, fp32_outputs))
+        max_abs_diff = verify_onnx(path, quantized, max(INT8_TOLERANCE, 2 * own_error), relative=True)
     return OnnxExport(path=path, max_abs_diff=max_abs_diff, int8=int8)
 
 
@@ -338,17 +345,22 @@ def verify_onnx(path: Path, graph: nn.Module, tolerance: float, relative: bool =
         (ours,) = session.run(None, {name: batch[name].numpy() for name in INPUT_NAMES})
         with torch.no_grad():
             expected = graph(**batch)
-        diff = (torch.from_numpy(ours) - expected).abs()  # (B, S, ...) or (B, num_labels)
-        if diff.dim() == 3:  # a vector per token: compare the real ones
-            real = batch["attention_mask"].bool()
-            diff, expected = diff[real], expected[real]  # (T, H) or (T, V)
-        worst = max(worst, float(diff.max() / expected.abs().max() if relative else diff.max()))
+        worst = max(worst, difference(torch.from_numpy(ours), expected, batch, relative))
     if worst > tolerance:
         raise ScratchBertError(
             f"{path} does not match PyTorch: onnxruntime's outputs differ by up to {worst:.2e}{' of the largest output' if relative else ''} "
-            f"at real tokens (allowed: {tolerance:.0e}); do not use it, and report the checkpoint and the torch/onnxruntime versions."
+            f"at real tokens (allowed: {tolerance:.1e}); do not use it, and report the checkpoint and the torch/onnxruntime versions."
         )
     return worst
+
+
+def difference(ours: torch.Tensor, expected: torch.Tensor, batch: dict[str, torch.Tensor], relative: bool) -> float:
+    """The largest |ours - expected| at real tokens (relative=True: divided by the largest |expected| there)."""
+    diff = (ours - expected).abs()  # (B, S, ...) or (B, num_labels)
+    if diff.dim() == 3:  # a vector per token: compare the real ones
+        real = batch["attention_mask"].bool()
+        diff, expected = diff[real], expected[real]  # (T, H) or (T, V)
+    return float(diff.max() / expected.abs().max() if relative else diff.max())
 
 
 __all__ = ["TASKS", "OnnxExport", "export_onnx", "int8_graph"]

@@ -167,3 +167,24 @@ def test_a_graph_that_disagrees_with_pytorch_fails_and_without_onnxruntime_nothi
     monkeypatch.setattr(onnx_export, "onnxruntime_installed", lambda: False)
     result = export_onnx(ckpt, tmp_path / "onnx", dynamo=False)
     assert result.max_abs_diff is None and "not checked" in str(result)
+
+
+def test_an_int8_graph_off_by_more_than_int8s_own_error_fails(tmp_path, monkeypatch):
+    """The int8 check allows int8's own rounding noise, not a wrong graph: weight scales ten times too large must fail it."""
+    pytest.importorskip("onnxruntime", reason="onnxruntime is not installed (pip install -e '.[test]')")
+    from onnx import numpy_helper
+
+    real_int8_graph = onnx_export.int8_graph
+
+    def scales_too_large(model, layers):
+        graph = real_int8_graph(model, layers)
+        for tensor in graph.graph.initializer:
+            if tensor.name.endswith("_scale"):  # a weight's scales per output channel
+                tensor.CopyFrom(numpy_helper.from_array(10 * numpy_helper.to_array(tensor), tensor.name))
+        return graph
+
+    ckpt = tiny_checkpoint(ScratchBertForSequenceClassification, tmp_path / "ckpt")
+    assert export_onnx(ckpt, tmp_path / "good", task="sequence-classification", dynamo=False, int8=True).int8
+    monkeypatch.setattr(onnx_export, "int8_graph", scales_too_large)
+    with pytest.raises(ScratchBertError, match="does not match PyTorch"):
+        export_onnx(ckpt, tmp_path / "bad", task="sequence-classification", dynamo=False, int8=True)
