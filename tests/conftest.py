@@ -49,7 +49,7 @@ def rxnfp_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
-def bert_tokenizer(minilm_dir):
+def minilm_vocab_tokenizer(minilm_dir):
     """bert-base-uncased's WordPiece vocabulary, as scratchbert's fast tokenizer."""
     from scratchbert.tokenization import tokenizer_from_vocab
 
@@ -57,16 +57,16 @@ def bert_tokenizer(minilm_dir):
 
 
 @pytest.fixture(scope="session")
-def tiny_checkpoint(tmp_path_factory, bert_tokenizer) -> Path:
+def tiny_mlm_checkpoint(tmp_path_factory, minilm_vocab_tokenizer) -> Path:
     """A tiny pretraining-style checkpoint (hidden 32, 2 layers, 128 positions; MLM head, no task head) with
     bert-base-uncased's vocabulary: what the token-classification and question-answering runs fine-tune."""
     from scratchbert import ScratchBertForMaskedLM
 
-    folder = tmp_path_factory.mktemp("tiny_checkpoint")
+    folder = tmp_path_factory.mktemp("tiny_mlm_checkpoint")
     torch.manual_seed(0)
     geometry = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, max_position_embeddings=128)
-    ScratchBertForMaskedLM(ScratchBertConfig(vocab_size=len(bert_tokenizer), **geometry)).save_pretrained(folder)
-    bert_tokenizer.save_pretrained(folder)
+    ScratchBertForMaskedLM(ScratchBertConfig(vocab_size=len(minilm_vocab_tokenizer), **geometry)).save_pretrained(folder)
+    minilm_vocab_tokenizer.save_pretrained(folder)
     return folder
 
 

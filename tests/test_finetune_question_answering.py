@@ -40,14 +40,14 @@ def quoted_questions() -> dict[str, list[dict]]:
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory, tiny_checkpoint, quoted_questions):
+def trained(tmp_path_factory, tiny_mlm_checkpoint, quoted_questions):
     """One run of the command: train on a SQuAD v1.1 JSON file, score a JSON-lines test file; what it printed."""
     folder = tmp_path_factory.mktemp("qa_run")
     train = folder / "train.json"
     train.write_text(json.dumps(squad_json(quoted_questions["train"], version="1.1")))
     test = write_jsonl(folder / "test.jsonl", quoted_questions["test"])
     out = folder / "out"
-    argv = ["finetune", str(tiny_checkpoint), "--task", "question-answering", "--train-file", str(train), "--test-file", str(test),
+    argv = ["finetune", str(tiny_mlm_checkpoint), "--task", "question-answering", "--train-file", str(train), "--test-file", str(test),
             "--output-dir", str(out), "--epochs", "15", *RUN]  # fmt: skip
     with contextlib.redirect_stdout(io.StringIO()) as printed:
         assert scratchbert.commands.main(argv) == 0
@@ -132,9 +132,9 @@ def windows_of_one(tokenizer, row, reading=READING) -> dict:
     return tokenize_windows(batch, [0], tokenizer, reading)
 
 
-def test_a_long_context_becomes_windows_that_share_doc_stride_tokens(bert_tokenizer):
-    row = long_question(bert_tokenizer)
-    windows = windows_of_one(bert_tokenizer, row)
+def test_a_long_context_becomes_windows_that_share_doc_stride_tokens(minilm_vocab_tokenizer):
+    row = long_question(minilm_vocab_tokenizer)
+    windows = windows_of_one(minilm_vocab_tokenizer, row)
     pieces = [[span for span in offsets if span is not None] for offsets in windows["offset_mapping"]]
     assert len(pieces) > 5 and set(windows["example"]) == {0}
     assert all(len(ids) <= READING.max_length for ids in windows["input_ids"])
@@ -142,14 +142,14 @@ def test_a_long_context_becomes_windows_that_share_doc_stride_tokens(bert_tokeni
         assert before[-READING.doc_stride :] == after[: READING.doc_stride]  # the stride: shared context pieces
     covered = sorted({span for window in pieces for span in window})
     assert covered[0][0] == 0 and covered[-1][1] == len(row["context"].rstrip())  # every character is in some window
-    question_ids = bert_tokenizer(row["question"], add_special_tokens=False)["input_ids"]
+    question_ids = minilm_vocab_tokenizer(row["question"], add_special_tokens=False)["input_ids"]
     assert all(ids[1 : 1 + len(question_ids)] == question_ids for ids in windows["input_ids"])  # every window reads the question
 
 
-def test_an_answer_split_across_windows_is_labelled_in_the_window_that_holds_all_of_it(bert_tokenizer):
-    row = long_question(bert_tokenizer)
+def test_an_answer_split_across_windows_is_labelled_in_the_window_that_holds_all_of_it(minilm_vocab_tokenizer):
+    row = long_question(minilm_vocab_tokenizer)
     context = row["context"]
-    probe = windows_of_one(bert_tokenizer, row)
+    probe = windows_of_one(minilm_vocab_tokenizer, row)
     first_window = [span for span in probe["offset_mapping"][0] if span is not None]
     # an answer of the three pieces across the first window's end: its last piece and the two after it
     start_char = first_window[-1][0]
@@ -157,7 +157,7 @@ def test_an_answer_split_across_windows_is_labelled_in_the_window_that_holds_all
     following = [span for span in second_window if span[0] > first_window[-1][0]]
     end_char = following[1][1]
     answer = {"text": [context[start_char:end_char]], "answer_start": [start_char]}
-    windows = windows_of_one(bert_tokenizer, {**row, "answers": answer})
+    windows = windows_of_one(minilm_vocab_tokenizer, {**row, "answers": answer})
     assert (windows["start_positions"][0], windows["end_positions"][0]) == (0, 0)  # cut by the window's end: [CLS]
     labelled = [w for w, start in enumerate(windows["start_positions"]) if start != 0]
     assert labelled and labelled[0] == 1
@@ -171,12 +171,12 @@ def test_an_answer_split_across_windows_is_labelled_in_the_window_that_holds_all
     assert answer_pieces([None, (0, 5), (6, 9), None], {"text": [], "answer_start": []}) == (0, 0)  # no answer (v2)
 
 
-def test_doc_stride_must_leave_a_window_room_to_move_on(bert_tokenizer):
-    check_stride(bert_tokenizer, ["what is it?"], READING)  # 4 question tokens: 41 context tokens, stride 8
+def test_doc_stride_must_leave_a_window_room_to_move_on(minilm_vocab_tokenizer):
+    check_stride(minilm_vocab_tokenizer, ["what is it?"], READING)  # 4 question tokens: 41 context tokens, stride 8
     with pytest.raises(Exception, match=r"doc_stride 41 must be less than the 41 context tokens a window has .*lower --doc-stride or raise --max-length"):
-        check_stride(bert_tokenizer, ["what is it?"], SpanReading(48, 41, 20, 30, False))
+        check_stride(minilm_vocab_tokenizer, ["what is it?"], SpanReading(48, 41, 20, 30, False))
     with pytest.raises(Exception, match="leaves no room for its context"):
-        check_stride(bert_tokenizer, [" ".join(["word"] * 60)], READING)
+        check_stride(minilm_vocab_tokenizer, [" ".join(["word"] * 60)], READING)
 
 
 # --------------------------------------------------------------------------- post-processing
@@ -251,11 +251,11 @@ def test_the_saved_folder_records_how_it_read_and_answered(trained):
     assert not (trained["out"] / "checkpoints").exists()
 
 
-def test_squad_v2_questions_without_an_answer_are_recognised_and_scored(tmp_path, tiny_checkpoint, capsys):
+def test_squad_v2_questions_without_an_answer_are_recognised_and_scored(tmp_path, tiny_mlm_checkpoint, capsys):
     rows = [row for row in questions_from_text(context_words=1, unanswerable=0.3, seed=2) if len(row["question"].split()) <= 20][:60]
     train = write_jsonl(tmp_path / "train.jsonl", rows)
     out = tmp_path / "out"
-    code, printed, err = finetune_cli(capsys, tiny_checkpoint, "--task", "question-answering", "--train-file", train, "--output-dir", out, "--epochs", "1", *RUN)
+    code, printed, err = finetune_cli(capsys, tiny_mlm_checkpoint, "--task", "question-answering", "--train-file", train, "--output-dir", out, "--epochs", "1", *RUN)
     assert code == 0, err
     assert json.loads((out / "config.json").read_text())["question_answering"]["null_answers"] is True
     assert set(json.loads(printed.splitlines()[-1])["validation"]) == {"f1", "exact_match"}
@@ -279,28 +279,28 @@ def bad_rows(quoted_questions, change) -> list[dict]:
         (lambda rows: None, ["--windows", "2"], "--windows belong to text classification"),
     ],
 )  # fmt: skip
-def test_bad_questions_stop_in_one_line_and_write_nothing(tmp_path, tiny_checkpoint, quoted_questions, capsys, change, flags, message):
+def test_bad_questions_stop_in_one_line_and_write_nothing(tmp_path, tiny_mlm_checkpoint, quoted_questions, capsys, change, flags, message):
     train = write_jsonl(tmp_path / "train.jsonl", bad_rows(quoted_questions, change))
     out = tmp_path / "out"
-    code, _, err = finetune_cli(capsys, tiny_checkpoint, "--task", "question-answering", "--train-file", train, "--output-dir", out, *RUN, *flags)
+    code, _, err = finetune_cli(capsys, tiny_mlm_checkpoint, "--task", "question-answering", "--train-file", train, "--output-dir", out, *RUN, *flags)
     assert_refused(code, err, message, out)
 
 
-def test_squad_files_without_questions_are_refused(tmp_path, tiny_checkpoint, capsys):
+def test_squad_files_without_questions_are_refused(tmp_path, tiny_mlm_checkpoint, capsys):
     for number, data in enumerate(([], [{"title": "t", "paragraphs": []}])):
         empty = tmp_path / f"empty{number}.json"
         empty.write_text(json.dumps({"version": "1.1", "data": data}))
-        code, _, err = finetune_cli(capsys, tiny_checkpoint, "--task", "question-answering", "--train-file", empty, "--output-dir", tmp_path / "out", *RUN)
+        code, _, err = finetune_cli(capsys, tiny_mlm_checkpoint, "--task", "question-answering", "--train-file", empty, "--output-dir", tmp_path / "out", *RUN)
         assert code == 2 and "the train data is a SQuAD file without questions" in err, err
     assert not (tmp_path / "out").exists()
 
 
-def test_answer_refuses_a_model_not_fine_tuned_for_questions_and_bad_arguments(tiny_checkpoint, bert_tokenizer, tmp_path, capsys):
+def test_answer_refuses_a_model_not_fine_tuned_for_questions_and_bad_arguments(tiny_mlm_checkpoint, minilm_vocab_tokenizer, tmp_path, capsys):
     from transformers import AutoModelForQuestionAnswering
 
     folder = tmp_path / "plain_qa"  # a QA head never fine-tuned by the command: its config records no reading
-    AutoModelForQuestionAnswering.from_pretrained(str(tiny_checkpoint)).save_pretrained(folder)
-    bert_tokenizer.save_pretrained(folder)
+    AutoModelForQuestionAnswering.from_pretrained(str(tiny_mlm_checkpoint)).save_pretrained(folder)
+    minilm_vocab_tokenizer.save_pretrained(folder)
     assert scratchbert.commands.main(["answer", "--model", str(folder), "--question", "what?", "--context", "it"]) == 2
     assert "was not fine-tuned by `scratchbert finetune --task question-answering`" in capsys.readouterr().err
     assert scratchbert.commands.main(["answer", "--model", str(folder), "--question", "what?"]) == 2

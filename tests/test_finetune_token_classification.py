@@ -110,13 +110,13 @@ def test_conll_files_read_as_tokens_and_tags(tmp_path, shared_data):
         read_conll([str(tmp_path / "bad.conll")])
 
 
-def test_a_words_first_piece_carries_its_tag_and_label_all_pieces_every_piece(bert_tokenizer):
+def test_a_words_first_piece_carries_its_tag_and_label_all_pieces_every_piece(minilm_vocab_tokenizer):
     batch = {"tokens": [["Unaffable", "Jo", "smiled"]], "tags": [["B-ADJ", "B-PER", "O"]]}
     names = ["B-ADJ", "B-PER", "I-ADJ", "I-PER", "O"]
-    options = dict(tokenizer=bert_tokenizer, words_column="tokens", tags_column="tags", tag_names=names, tag_name=str, max_length=64)
+    options = dict(tokenizer=minilm_vocab_tokenizer, words_column="tokens", tags_column="tags", tag_names=names, tag_name=str, max_length=64)
     first = tokenize_words(batch, all_pieces=False, **options)
     every = tokenize_words(batch, all_pieces=True, **options)
-    pieces = bert_tokenizer.convert_ids_to_tokens(first["input_ids"][0])
+    pieces = minilm_vocab_tokenizer.convert_ids_to_tokens(first["input_ids"][0])
     assert pieces[:4] == ["[CLS]", "una", "##ffa", "##ble"]  # one word, three pieces
     assert first["labels"][0] == [IGNORE_INDEX, 0, IGNORE_INDEX, IGNORE_INDEX, 1, 4, IGNORE_INDEX]
     assert every["labels"][0] == [IGNORE_INDEX, 0, 2, 2, 1, 4, IGNORE_INDEX]  # B-ADJ continues as I-ADJ
@@ -128,13 +128,13 @@ def test_a_words_first_piece_carries_its_tag_and_label_all_pieces_every_piece(be
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory, tiny_checkpoint, shared_data):
+def trained(tmp_path_factory, tiny_mlm_checkpoint, shared_data):
     """One run of the command on Brown's part-of-speech tags (JSON lines); what it printed."""
     folder = tmp_path_factory.mktemp("tagging_run")
     train = write_jsonl(folder / "train.jsonl", brown(shared_data, "train", 600))
     test = write_jsonl(folder / "test.jsonl", brown(shared_data, "test", 150))
     out = folder / "out"
-    argv = ["finetune", str(tiny_checkpoint), "--task", "token-classification", "--train-file", str(train), "--test-file", str(test),
+    argv = ["finetune", str(tiny_mlm_checkpoint), "--task", "token-classification", "--train-file", str(train), "--test-file", str(test),
             "--output-dir", str(out), "--epochs", "4", *RUN]  # fmt: skip
     with contextlib.redirect_stdout(io.StringIO()) as printed:
         assert scratchbert.commands.main(argv) == 0
@@ -171,11 +171,11 @@ def test_the_saved_folder_names_its_tags_and_the_run_its_figures(trained):
     assert not (trained["out"] / "checkpoints").exists()
 
 
-def test_conll_entities_are_scored_as_seqeval_scores_them(tmp_path, tiny_checkpoint, shared_data, capsys):
+def test_conll_entities_are_scored_as_seqeval_scores_them(tmp_path, tiny_mlm_checkpoint, shared_data, capsys):
     train = write_conll(tmp_path / "train.conll", [names_as_entities(row) for row in brown(shared_data, "train", 300)])
     test = write_conll(tmp_path / "test.conll", [names_as_entities(row) for row in brown(shared_data, "test", 100)])
     out = tmp_path / "out"
-    code, printed, err = finetune_cli(capsys, tiny_checkpoint, "--task", "token-classification", "--train-file", train, "--test-file", test,
+    code, printed, err = finetune_cli(capsys, tiny_mlm_checkpoint, "--task", "token-classification", "--train-file", train, "--test-file", test,
                                       "--output-dir", out, "--epochs", "2", "--label-all-pieces", *RUN)  # fmt: skip
     assert code == 0, err
     summary = json.loads(printed.splitlines()[-1])
@@ -201,8 +201,8 @@ def bad_rows(shared_data, change) -> list[dict]:
         (lambda rows: None, ["--windows", "2"], "--windows belong to text classification"),
     ],
 )  # fmt: skip
-def test_bad_sentences_stop_in_one_line_and_write_nothing(tmp_path, tiny_checkpoint, shared_data, capsys, change, flags, message):
+def test_bad_sentences_stop_in_one_line_and_write_nothing(tmp_path, tiny_mlm_checkpoint, shared_data, capsys, change, flags, message):
     train = write_jsonl(tmp_path / "train.jsonl", bad_rows(shared_data, change))
     out = tmp_path / "out"
-    code, _, err = finetune_cli(capsys, tiny_checkpoint, "--task", "token-classification", "--train-file", train, "--output-dir", out, *RUN, *flags)
+    code, _, err = finetune_cli(capsys, tiny_mlm_checkpoint, "--task", "token-classification", "--train-file", train, "--output-dir", out, *RUN, *flags)
     assert_refused(code, err, message, out)
