@@ -750,19 +750,6 @@ class MeasuredLinear(nn.Linear):
         return f"{super().extra_repr()}, kernel=measured (cpu_gemm.py)"
 
 
-def use_measured_kernels(module: nn.Module, enabled: bool = True) -> nn.Module:
-    """Make every `nn.Linear` inside `module` a `MeasuredLinear` (enabled=False: back to `nn.Linear`).
-
-    The modules change class in place (no new parameters, nothing to reload), so a model reads
-    `self.dense(x)` and gets the fast kernels once this is called on it.
-    """
-    old, new = (nn.Linear, MeasuredLinear) if enabled else (MeasuredLinear, nn.Linear)
-    for child in module.modules():
-        if type(child) is old:
-            child.__class__ = new
-    return module
-
-
 def bf16_in_fp32(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether bf16 matrix multiplies on `device` run on fp32 kernels (measured at bert-base's feed-forward shape).
 

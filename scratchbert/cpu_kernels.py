@@ -35,7 +35,7 @@ from torch import nn
 # Names, not `from . import cpu_gemm`: a checkpoint saved with its code (trust_remote_code) carries
 # the files its modules import as `from .module import name`, and only those.
 from .bert_padding import CALL_COST, autocast_dtype, default_call_cost, is_tracing
-from .cpu_gemm import attention_kernel, bf16_in_fp32, linear_post_op, record_attention, stack_qkv, use_measured_kernels
+from .cpu_gemm import MeasuredLinear, attention_kernel, bf16_in_fp32, linear_post_op, record_attention, stack_qkv
 from .modeling_scratchbert import (
     ALL_ATTENTION_FUNCTIONS,
     ScratchBertAddNorm,
@@ -158,6 +158,7 @@ class CpuAddNorm(ScratchBertAddNorm):
 
 # plain module class -> its CPU fast-path subclass (the same parameters, swapped by `__class__`)
 FAST_MODULES: dict[type[nn.Module], type[nn.Module]] = {
+    nn.Linear: MeasuredLinear,
     ScratchBertSelfAttention: CpuSelfAttention,
     ScratchBertIntermediate: CpuIntermediate,
     ScratchBertAddNorm: CpuAddNorm,
@@ -182,7 +183,6 @@ def use_cpu_kernels(model: nn.Module, enabled: bool = True) -> nn.Module:
     the optimizer's references are untouched, and it can be called any time, on any model
     holding scratchbert modules.
     """
-    use_measured_kernels(model, enabled)
     swaps = FAST_MODULES if enabled else {fast: plain for plain, fast in FAST_MODULES.items()}
     for module in model.modules():
         if type(module) in swaps:

@@ -24,7 +24,7 @@ from torch import nn
 import scratchbert.modeling_scratchbert as modeling
 from scratchbert import ScratchBertConfig, ScratchBertModel, cpu_gemm
 from scratchbert.bert_padding import CALL_COST, REDUCED_PRECISION_CALL_COST, default_call_cost
-from scratchbert.cpu_kernels import attention_call_cost, bmm_attention
+from scratchbert.cpu_kernels import attention_call_cost, bmm_attention, use_cpu_kernels
 
 CPU = torch.device("cpu")
 FP32_REL = 1e-5
@@ -476,7 +476,7 @@ def test_what_is_not_rerouted_is_one_plain_f_linear(monkeypatch, case):
 def test_a_traced_model_records_plain_linears(monkeypatch):
     measured = favour(monkeypatch, "onednn")
     torch.manual_seed(0)
-    model = cpu_gemm.use_measured_kernels(nn.Sequential(nn.Linear(48, 40)))
+    model = use_cpu_kernels(nn.Sequential(nn.Linear(48, 40)))
     with torch.no_grad():
         traced = torch.jit.trace(model, torch.randn(64, 48), check_trace=False)  # (the check reruns it untraced)
     graph = str(traced.inlined_graph)
@@ -485,18 +485,18 @@ def test_a_traced_model_records_plain_linears(monkeypatch):
     torch.testing.assert_close(traced(x), F.linear(x, model[0].weight, model[0].bias))
 
 
-def test_use_measured_kernels_swaps_linears_in_place_and_back(monkeypatch):
+def test_use_cpu_kernels_swaps_linears_in_place_and_back(monkeypatch):
     favour(monkeypatch, "onednn" if cpu_gemm.ONEDNN else "mkl")
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(48, 64), nn.GELU(), nn.Linear(64, 40))
     x = torch.randn(100, 48)
     plain = model(x)
     state = {k: v.clone() for k, v in model.state_dict().items()}
-    assert cpu_gemm.use_measured_kernels(model) is model
+    assert use_cpu_kernels(model) is model
     assert all(type(m) is cpu_gemm.MeasuredLinear for m in (model[0], model[2]))
     assert relative(model(x), plain) <= FP32_REL and cpu_gemm.DECISIONS
     assert model.state_dict().keys() == state.keys()
-    cpu_gemm.use_measured_kernels(model, enabled=False)
+    use_cpu_kernels(model, enabled=False)
     assert all(type(m) is nn.Linear for m in (model[0], model[2]))
 
 
