@@ -47,11 +47,17 @@ from scratchbert.training.finetuning.config import DEFAULT_EARLY_STOPPING_PATIEN
 from scratchbert.training.finetuning.data import (
     carve_splits,
     check_columns,
+    classify_texts,
     encode_labels,
+    fitted_inputs,
+    head_and_tail,
     hold_out_by_label,
     in_head_order,
     label_names_of,
     label_warnings,
+    long_text_advice,
+    tokenize_splits,
+    windows_of,
 )
 from scratchbert.training.finetuning.metrics import (
     COLLAPSE_ADVICE,
@@ -60,9 +66,8 @@ from scratchbert.training.finetuning.metrics import (
     document_predictions,
     token_classification_metrics,
 )
-from scratchbert.training.finetuning.pretrained import CheckpointInfo, default_pooling, load_sequence_classifier
 from scratchbert.training.finetuning.run import default_learning_rate, finetune_text_classification, fitted_schedule, make_trainer
-from scratchbert.training.finetuning.windows import classify_texts, fitted_inputs, head_and_tail, long_text_advice, tokenize_splits, windows_of
+from scratchbert.training.finetuning.steps import CheckpointInfo, default_pooling, load_sequence_classifier
 
 REPO = Path(__file__).resolve().parents[1]
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]

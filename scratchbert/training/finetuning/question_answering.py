@@ -9,7 +9,7 @@ top to bottom, and `answer_questions`, which answers as the saved model's run sc
                    `carve_splits`); v2 is recognised by questions without an answer; each split as windows
                    of `max_length` tokens sharing `doc_stride` (`spans.tokenize_windows`); the schedule;
 3. the model       the checkpoint as `ScratchBertForQuestionAnswering` (or `model_class`);
-4. the Trainer     `make_trainer` (trainer.py); each epoch's validation is scored per question over its
+4. the Trainer     `make_trainer` (steps.py); each epoch's validation is scored per question over its
                    windows (`span_scores`: `best_answers`, then SQuAD's EM and F1), and the best kept;
 5. evaluation      validation and test: `trainer.predict` on the windows, then the same scoring;
 6. saving          model (its config records the `SpanReading`), tokenizer, metrics.json.
@@ -31,21 +31,21 @@ from accelerate import PartialState
 from scratchbert.errors import ScratchBertError
 from scratchbert.tokenization import load_tokenizer
 from scratchbert.training.finetuning.config import METRICS_BY_TASK, FinetuneConfig
-from scratchbert.training.finetuning.data import carve_splits, read_splits
+from scratchbert.training.finetuning.data import carve_splits, fitted_inputs, read_splits
 from scratchbert.training.finetuning.metrics import unprefixed
-from scratchbert.training.finetuning.pretrained import CheckpointInfo, report_loaded_weights
 from scratchbert.training.finetuning.spans import SpanReading, best_answers, check_stride, tokenize_windows
 from scratchbert.training.finetuning.squad_metrics import squad_scores
-from scratchbert.training.finetuning.trainer import (
+from scratchbert.training.finetuning.steps import (
+    CheckpointInfo,
     determinism_restored,
     fitted_schedule,
     make_trainer,
     refuse_text_classification_options,
+    report_loaded_weights,
     run_outcome,
     save_run,
     training_arguments,
 )
-from scratchbert.training.finetuning.windows import fitted_inputs
 from scratchbert.training.run_folder import OutputDirLock, check_output_folder
 from scratchbert.weights import check_vocabulary, check_weights, model_folder, quiet_loading
 

@@ -3,13 +3,13 @@
 `scratchbert finetune` turns any scratchbert or transformers BERT checkpoint (with its tokenizer)
 into a text classifier, reading each thing once and in this order, one block of `finetune` each:
 
-1. the checkpoint  `CheckpointInfo.read` (pretrained.py): config.json, the head's size and labels; the
-                   tokenizer; what the classifier reads of a text (`fitted_inputs`, windows.py);
-2. the data        `read_splits`, `check_columns`, `carve_splits`, the labels as ids (data.py), then
-                   `tokenize_splits` (windows.py): `max_length` tokens, cut at the end by default; the
-                   learning rate and epochs fitted to the model and the data (`fitted_schedule`, trainer.py);
-3. the model       `load_sequence_classifier` (pretrained.py);
-4. the Trainer     `make_trainer` (trainer.py, shared by every task): evaluation each epoch and the best epoch kept, as
+1. the checkpoint  `CheckpointInfo.read` (steps.py): config.json, the head's size and labels; the
+                   tokenizer; what the classifier reads of a text (`fitted_inputs`, data.py);
+2. the data        `read_splits`, `check_columns`, `carve_splits`, the labels as ids, then
+                   `tokenize_splits`: `max_length` tokens, cut at the end by default (data.py); the
+                   learning rate and epochs fitted to the model and the data (`fitted_schedule`, steps.py);
+3. the model       `load_sequence_classifier` (steps.py);
+4. the Trainer     `make_trainer` (steps.py, shared by every task): evaluation each epoch and the best epoch kept, as
                    `load_best_model_at_end` keeps it;
 5. evaluation      validation and test scored per text (metrics.py); a one-class answer is reported;
 6. saving          model (its config records how it read a text), tokenizer, metrics.json; epoch
@@ -18,7 +18,7 @@ into a text classifier, reading each thing once and in this order, one block of 
 `finetune_text_classification(checkpoint, out, **options)` is the same with the options as keyword
 arguments; `scratchbert finetune` builds the `FinetuneConfig` (config.py) from its flags and a
 --config file. Token classification and question answering run in their own files with the same
-`fitted_schedule`, `training_arguments` and `make_trainer` (trainer.py).
+`fitted_schedule`, `training_arguments` and `make_trainer` (steps.py).
 """
 
 from __future__ import annotations
@@ -32,19 +32,30 @@ from accelerate import PartialState
 
 from scratchbert.tokenization import load_tokenizer
 from scratchbert.training.finetuning.config import METRICS_BY_TASK, FinetuneConfig
-from scratchbert.training.finetuning.data import carve_splits, check_columns, encode_labels, label_names_of, label_warnings, read_splits
+from scratchbert.training.finetuning.data import (
+    carve_splits,
+    check_columns,
+    encode_labels,
+    fitted_inputs,
+    label_names_of,
+    label_warnings,
+    long_text_advice,
+    read_splits,
+    record_inputs,
+    tokenize_splits,
+)
 from scratchbert.training.finetuning.metrics import document_metrics, document_predictions, report_collapse, unprefixed
-from scratchbert.training.finetuning.pretrained import CheckpointInfo, load_sequence_classifier
-from scratchbert.training.finetuning.trainer import (  # noqa: F401 (also imported from here)
+from scratchbert.training.finetuning.steps import (  # noqa: F401 (also imported from here)
+    CheckpointInfo,
     default_learning_rate,
     determinism_restored,
     fitted_schedule,
+    load_sequence_classifier,
     make_trainer,
     run_outcome,
     save_run,
     training_arguments,
 )
-from scratchbert.training.finetuning.windows import fitted_inputs, long_text_advice, record_inputs, tokenize_splits
 from scratchbert.training.run_folder import OutputDirLock, check_output_folder
 from scratchbert.weights import check_vocabulary
 

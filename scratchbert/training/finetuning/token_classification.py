@@ -37,20 +37,20 @@ from scratchbert.errors import ScratchBertError
 from scratchbert.modeling_scratchbert import IGNORE_INDEX
 from scratchbert.tokenization import load_tokenizer
 from scratchbert.training.finetuning.config import FinetuneConfig
-from scratchbert.training.finetuning.data import LABEL_KINDS, carve_splits, read_splits
+from scratchbert.training.finetuning.data import LABEL_KINDS, carve_splits, fitted_inputs, read_splits
 from scratchbert.training.finetuning.entity_metrics import is_entity_scheme, tagging_scores
 from scratchbert.training.finetuning.metrics import unprefixed
-from scratchbert.training.finetuning.pretrained import CheckpointInfo, load_labelled_head
-from scratchbert.training.finetuning.trainer import (
+from scratchbert.training.finetuning.steps import (
+    CheckpointInfo,
     determinism_restored,
     fitted_schedule,
+    load_labelled_head,
     make_trainer,
     refuse_text_classification_options,
     run_outcome,
     save_run,
     training_arguments,
 )
-from scratchbert.training.finetuning.windows import fitted_inputs
 from scratchbert.training.run_folder import OutputDirLock, check_output_folder
 from scratchbert.weights import check_vocabulary
 
