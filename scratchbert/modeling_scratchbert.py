@@ -761,7 +761,7 @@ class ScratchBertForPreTraining(_MaskedLMMixin, ScratchBertPreTrainedModel):
     divides each micro-batch mean by the accumulation steps (`accepts_loss_kwargs = False`),
     as for transformers' own BERT. Given `num_items_in_batch` and `num_sentence_pairs_in_batch`
     (the counts of MLM labels and NSP labels in a whole global batch, which scratchbert's own
-    pretraining loop passes: `training/pretraining/global_batch.py`), each loss is summed and divided by its count.
+    pretraining loop passes: `training/pretraining/optimization.py`), each loss is summed and divided by its count.
     """
 
     accepts_loss_kwargs = False

@@ -60,7 +60,7 @@ from labelled_sets import IMDB, SETS, cpu_name, have_scikit_learn, imdb_set, tfi
 from scratchbert.training.finetuning import config as finetune_config
 from scratchbert.training.finetuning.config import FinetuneConfig
 from scratchbert.training.pretraining.config import DEFAULT_VOCAB_SIZE, PretrainConfig
-from scratchbert.training.pretraining.run_log import finish_figure
+from scratchbert.training.pretraining.evaluation import finish_figure
 
 # What a set's labelled examples default to: a label budget, a separate validation set (0: the
 # command holds 10% of the budget out), test documents.
@@ -103,7 +103,7 @@ def pretrain_scratchbert(args, text_file: Path, tokenizer_dir: Path, out: Path) 
 
 def pretraining_stats(run_dir: Path) -> dict:
     """Steps, tokens and training seconds from a run's final record (the last: a resumed run ends twice)."""
-    from scratchbert.training.pretraining.run_log import read_log
+    from scratchbert.training.pretraining.evaluation import read_log
 
     final = [r for r in read_log(run_dir / "train_log.jsonl") if r["type"] == "final"][-1]
     return {"steps": final["step"], "tokens": final["tokens_seen"], "seconds": final["training_seconds"]}
@@ -368,8 +368,7 @@ def choose_mixed_precision(args, vocab_size: int) -> tuple[str, dict | None]:
     if args.reuse and saved.is_file():  # the table names the precision its pretraining ran in
         return json.loads(saved.read_text())["mixed_precision"], None
     run = PretrainConfig(preset=args.preset, **args.pretrain_options)
-    model_config = ScratchBertConfig(vocab_size=vocab_size, sparse_prediction=True, **run.model_kwargs())
-    rates = training_rates(lambda: run.new_model(model_config), args.batch_size, args.max_seq_length, run.mlm_probability)
+    rates = training_rates(lambda: run.new_model(vocab_size, sparse_prediction=True), args.batch_size, args.max_seq_length, run.mlm_probability)
     print(f"mixed precision: {', '.join(f'{name} {rate:,.0f}' for name, rate in rates.items())} tokens/s in a timed trial; "
           f"pretraining in {'bf16' if faster_precision(rates) == 'bf16' else 'fp32'}", flush=True)  # fmt: skip
     return faster_precision(rates), rates

@@ -38,7 +38,7 @@ from scratchbert.training.pretraining import loop as pretrain_module
 from scratchbert.training.pretraining.config import PretrainConfig
 from scratchbert.training.pretraining.corpus import TOKENIZER_DIR
 from scratchbert.training.pretraining.loop import LOG_FILE, pretrain
-from scratchbert.training.pretraining.run_log import finish_figure, read_log
+from scratchbert.training.pretraining.evaluation import finish_figure, read_log
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -318,7 +318,7 @@ def run_config_maker(values: dict, corpus_file: Path, tokenizer_dir: Path):
 
 def run_log(output_dir: Path) -> list[dict]:
     """The records of a finished or interrupted run's train_log.jsonl."""
-    from scratchbert.training.pretraining.run_log import read_log
+    from scratchbert.training.pretraining.evaluation import read_log
 
     return read_log(output_dir / "train_log.jsonl")
 

@@ -47,7 +47,7 @@ from scratchbert import ScratchBertConfig, ScratchBertForMaskedLM
 from scratchbert.tokenization import tokenizer_from_vocab
 from scratchbert.training.pretraining import checkpoint as ckpt
 from scratchbert.training.pretraining.checkpoint import save_final_model
-from scratchbert.training.pretraining.schedules import adamw, make_scheduler, parameter_groups
+from scratchbert.training.pretraining.optimization import adamw, make_scheduler, parameter_groups
 from scratchbert.training.pretraining.sharding import shard
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]

@@ -448,9 +448,9 @@ def test_a_run_that_finishes_in_a_new_folder_while_another_prepares_its_data_is_
     output_dir = tmp_path / "new"
     real_new_model = PretrainConfig.new_model
 
-    def the_other_run_finishes_meanwhile(config, model_config):
+    def the_other_run_finishes_meanwhile(config, *args, **options):
         shutil.copytree(finished_run, output_dir)  # made, written and let go by the other run
-        return real_new_model(config, model_config)
+        return real_new_model(config, *args, **options)
 
     monkeypatch.setattr(PretrainConfig, "new_model", the_other_run_finishes_meanwhile)
     err = one_line_error(capsys, pretrain_argv(run_flags, output_dir))
@@ -499,10 +499,10 @@ from scratchbert.training.pretraining.config import PretrainConfig
 
 real_new_model = PretrainConfig.new_model
 
-def the_other_run_finishes_meanwhile(config, model_config):
+def the_other_run_finishes_meanwhile(config, *args, **options):
     if os.environ.get("RANK", "0") == "0":
         shutil.copytree(os.environ["FINISHED_RUN"], os.environ["OUTPUT_DIR"])
-    return real_new_model(config, model_config)
+    return real_new_model(config, *args, **options)
 
 PretrainConfig.new_model = the_other_run_finishes_meanwhile
 """

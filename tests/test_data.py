@@ -689,7 +689,7 @@ def test_data_scale_bench_prints_equal_examples_for_every_process_count(shared_d
 
 
 def test_epoch_permutation_hands_out_every_example_once_in_a_seeded_order():
-    from scratchbert.training.pretraining.corpus import EpochPermutation
+    from scratchbert.training.pretraining.masking import EpochPermutation
 
     sampler = EpochPermutation(10_000, seed=3)  # more than one chunk of indices
     first = list(sampler)

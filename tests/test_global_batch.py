@@ -6,7 +6,7 @@ issue measured it: the distance between two runs' final weights over the distanc
 runs that differ only in --seed. Before the global batch (issue 78), 2 x 8 against 1 x 16 was
 0.139 of it; what remains is float rounding (the order DDP sums gradients in), under 1e-3.
 Dropout is off in every run compared (the packed recipe has none; the paper recipe's is set to
-0 here): each process draws its own dropout masks (`training/pretraining/global_batch.py`).
+0 here): each process draws its own dropout masks (`training/pretraining/optimization.py`).
 """
 
 from __future__ import annotations

@@ -33,11 +33,12 @@ def test_a_trial_times_both_precisions_and_leaves_the_random_state_and_kernel_de
 def test_a_trial_trains_the_runs_own_model_mlm_or_nsp(options, model_class, monkeypatch):
     """The trial times what the run will train: an NSP step also trains the pooler and NSP head on
     sentence-pair labels; each at the run's masking rate."""
-    config = PretrainConfig(**options)
+    geometry = {name: value for name, value in SMALL.items() if name != "vocab_size"}
+    config = PretrainConfig(**options, **geometry, max_seq_length=32)
     built, fed = [], []
 
     def make_model():
-        model = config.new_model(ScratchBertConfig(**SMALL))
+        model = config.new_model(SMALL["vocab_size"])
         model.register_forward_pre_hook(lambda module, args, batch: fed.append(dict(batch)), with_kwargs=True)
         built.append(type(model).__name__)
         return model

@@ -37,7 +37,7 @@ from scratchbert.tokenization import load_tokenizer
 from scratchbert.training.config_file import add_config_arguments, config_from_args
 from scratchbert.training.pretraining import checkpoint as ckpt
 from scratchbert.training.pretraining import loop as pretrain_module
-from scratchbert.training.pretraining import precision, processes, schedules
+from scratchbert.training.pretraining import optimization, precision, processes
 from scratchbert.training.pretraining.config import PRESETS, PretrainConfig
 from scratchbert.training.pretraining.loop import NonFiniteLossError, pretrain
 from scratchbert.training.run_folder import LOCK_FILE, OutputDirLock
@@ -149,7 +149,7 @@ def test_config_errors_are_clear(tmp_path):
 
 def test_no_weight_decay_on_biases_and_layernorm():
     model = ScratchBertForPreTraining(ScratchBertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64))
-    decay, no_decay = schedules.parameter_groups(model, 0.01)
+    decay, no_decay = optimization.parameter_groups(model, 0.01)
     names = {id(p): n for n, p in model.named_parameters()}
     assert decay["weight_decay"] == 0.01 and no_decay["weight_decay"] == 0.0
     assert all(names[id(p)].endswith("bias") or "LayerNorm" in names[id(p)] for p in no_decay["params"])
@@ -162,8 +162,8 @@ def test_adamw_is_fused_on_cpu_and_matches_the_per_parameter_loop_to_rounding():
     torch.manual_seed(0)
     model = ScratchBertForPreTraining(ScratchBertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64))
     twin, start = copy.deepcopy(model), copy.deepcopy(model)
-    fused = schedules.adamw(schedules.parameter_groups(model, 0.01), torch.device("cpu"), lr=1e-2, betas=(0.9, 0.999), eps=1e-6)
-    loop = torch.optim.AdamW(schedules.parameter_groups(twin, 0.01), lr=1e-2, betas=(0.9, 0.999), eps=1e-6, foreach=False)
+    fused = optimization.adamw(optimization.parameter_groups(model, 0.01), torch.device("cpu"), lr=1e-2, betas=(0.9, 0.999), eps=1e-6)
+    loop = torch.optim.AdamW(optimization.parameter_groups(twin, 0.01), lr=1e-2, betas=(0.9, 0.999), eps=1e-6, foreach=False)
     assert fused.defaults["fused"] and not loop.defaults["fused"]
     for _ in range(5):
         for a, b in zip(model.parameters(), twin.parameters()):
@@ -174,11 +174,11 @@ def test_adamw_is_fused_on_cpu_and_matches_the_per_parameter_loop_to_rounding():
     moved = max((a - b).abs().max().item() for a, b in zip(model.parameters(), twin.parameters()))
     assert moved <= 1e-6, f"fused AdamW left the loop's weights by {moved}"
     assert min((a - b).abs().max().item() for a, b in zip(model.parameters(), start.parameters())) > 1e-3, "every tensor should have moved"
-    assert schedules.adamw([{"params": [torch.nn.Parameter(torch.ones(2))]}], torch.device("meta"), lr=1e-3, betas=(0.9, 0.999), eps=1e-6).defaults["fused"] is False
+    assert optimization.adamw([{"params": [torch.nn.Parameter(torch.ones(2))]}], torch.device("meta"), lr=1e-3, betas=(0.9, 0.999), eps=1e-6).defaults["fused"] is False
 
 
 def test_learning_rate_warms_up_then_decays_linearly():
-    factor = schedules.warmup_then_linear_decay(max_steps=10, warmup_steps=4)
+    factor = optimization.warmup_then_linear_decay(max_steps=10, warmup_steps=4)
     assert [round(factor(s), 4) for s in range(11)] == [0.25, 0.5, 0.75, 1.0, 1.0, 0.8333, 0.6667, 0.5, 0.3333, 0.1667, 0.0]
 
 
@@ -673,7 +673,8 @@ class LossTurnsNaN(ScratchBertForPreTraining):
 
 def train_instead(monkeypatch, model_class) -> None:
     """The runs that follow train `model_class` (a subclass with a fault put in) where the recipe's model would be."""
-    monkeypatch.setattr(PretrainConfig, "new_model", lambda config, model_config: model_class(model_config))
+    real_new_model = PretrainConfig.new_model
+    monkeypatch.setattr(PretrainConfig, "new_model", lambda config, *args, **options: model_class(real_new_model(config, *args, **options).config))
 
 
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tiny_config, tmp_path, monkeypatch):

@@ -27,7 +27,7 @@ from scratchbert.training.pretraining.config import RECIPES, PretrainConfig
 from scratchbert.training.pretraining.evaluation import plateau_report
 from scratchbert.training.pretraining.examples import build_packed_dataset, pack_token_stream, tokenize_documents
 from scratchbert.training.pretraining.loop import LOG_FILE, pretrain
-from scratchbert.training.pretraining.schedules import TimeBudgetSchedule, TrainingClock
+from scratchbert.training.pretraining.optimization import TimeBudgetSchedule, TrainingClock
 
 # Ten topics of three words each: a document keeps to one topic, so the words around a mask
 # tell which three words it can be, while the corpus-wide most frequent token is "." (1 in 11).
@@ -163,7 +163,7 @@ def test_masking_shares_reach_training_batches_and_evaluation_keeps_berts(topic_
     [MASK]; evaluation masks as BERT did whatever the recipe, so runs stay comparable."""
     from transformers import AutoTokenizer
 
-    from scratchbert.training.pretraining.corpus import make_dataloaders
+    from scratchbert.training.pretraining.masking import make_dataloaders
 
     tokenizer = AutoTokenizer.from_pretrained(topic_tokenizer)
     examples = build_packed_dataset(topic_documents(40), tokenizer, max_seq_length=32)
@@ -287,8 +287,8 @@ def budget_run(config: PretrainConfig, fake: FakeTime):
     """pretrain(config) on the fake clock: each optimizer step (one forward) takes one second."""
     real_new_model = PretrainConfig.new_model
 
-    def build_and_hook(run_config, model_config):
-        model = real_new_model(run_config, model_config)
+    def build_and_hook(run_config, *args, **options):
+        model = real_new_model(run_config, *args, **options)
         model.register_forward_pre_hook(fake.tick, with_kwargs=True)
         return model
 

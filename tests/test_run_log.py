@@ -7,7 +7,7 @@ import io
 from accelerate import Accelerator
 
 from scratchbert.training.pretraining.config import PretrainConfig
-from scratchbert.training.pretraining.run_log import progress_bar
+from scratchbert.training.pretraining.loop import progress_bar
 
 
 def test_a_time_budget_bar_stops_at_its_total_when_the_last_step_runs_past_it(monkeypatch):

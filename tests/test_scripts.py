@@ -283,12 +283,12 @@ def test_budget_bench_pretrain_options_win_over_its_own_settings_seed_included(m
     """`--pretrain-option seed=1` pretrains again with another seed on the same labels and test
     documents (`--seed` also draws those); an option the bench sets itself must not clash with it."""
     from scratchbert.training.pretraining import loop as pretrain_module
-    from scratchbert.training.pretraining import run_log
+    from scratchbert.training.pretraining import evaluation
 
     bench = budget_bench_module(monkeypatch)
     pretrained = []
     monkeypatch.setattr(pretrain_module, "pretrain", pretrained.append)
-    monkeypatch.setattr(run_log, "read_log", lambda path: [{"type": "final", "step": 7, "tokens_seen": 8, "training_seconds": 9.0}])
+    monkeypatch.setattr(evaluation, "read_log", lambda path: [{"type": "final", "step": 7, "tokens_seen": 8, "training_seconds": 9.0}])
     args = bench.parse_args(["--seed", "5", "--pretrain-option", "seed=1", "--pretrain-option", "mlm_probability=0.4", "--out", str(tmp_path)])
     assert bench.pretrain_scratchbert(args, tmp_path / "text.txt", tmp_path / "tokenizer", tmp_path / "a") == {"steps": 7, "tokens": 8, "seconds": 9.0}
     assert (pretrained[0].seed, pretrained[0].mlm_probability, pretrained[0].time_budget) == (1, 0.4, args.minutes)

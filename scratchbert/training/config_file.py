@@ -90,14 +90,13 @@ class ConfigFile:
     def resolve(cls, file_values: dict | None = None, flag_values: dict | None = None):
         """The configuration, and the source of each option's value: "flag" > "file" > the layers
         the configuration fills in itself (`default_layers`) > "default"."""
-        file_values = numbers_read_as_text(cls, cls.upgrade(dict(file_values or {})))
+        file_values = numbers_read_as_text(cls, cls.upgrade(dict(file_values))) if file_values else {}
         flag_values = dict(flag_values or {})
         config = cls.from_values({**file_values, **flag_values})
         layers = config.default_layers()
-        sources = {
-            f.name: "flag" if f.name in flag_values else "file" if f.name in file_values else layers.get(f.name, "default")
-            for f in dataclasses.fields(cls)
-        }
+        sources = {}
+        for f in dataclasses.fields(cls):
+            sources[f.name] = "flag" if f.name in flag_values else "file" if f.name in file_values else layers.get(f.name, "default")
         return config, sources
 
 

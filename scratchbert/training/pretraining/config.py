@@ -321,8 +321,6 @@ class PretrainConfig(TrainingArguments, DataArguments, ModelArguments, ConfigFil
 
     def validate(self) -> None:
         """Raise a ScratchBertError naming the bad value and the fix (the model's geometry: `ScratchBertConfig`'s)."""
-        for kwargs in (self.model_kwargs(), self.saved_model_kwargs()):
-            ScratchBertConfig(**kwargs).validate_sizes()
         positive = ("max_seq_length", "dupe_factor", "batch_size", "gradient_accumulation_steps", "keep_last", "log_every", "num_proc")
         for name in positive + (("max_steps",) if self.max_steps is not None else ()):
             value = getattr(self, name)
@@ -339,7 +337,6 @@ class PretrainConfig(TrainingArguments, DataArguments, ModelArguments, ConfigFil
                 f"{self.max_position_embeddings}: the model has no position embedding beyond that. "
                 "Lower --max-seq-length or raise --max-position-embeddings."
             )
-        check_max_seq_length(self.max_seq_length)
         self._validate_long_phase()
         if self.time_budget is not None and (
             isinstance(self.time_budget, bool) or not isinstance(self.time_budget, (int, float)) or not 0 < self.time_budget < float("inf")
@@ -372,6 +369,10 @@ class PretrainConfig(TrainingArguments, DataArguments, ModelArguments, ConfigFil
             raise ScratchBertError("give either --train-files or --dataset, not both.")
         if self.resume and self.overwrite:
             raise ScratchBertError("--resume and --overwrite contradict each other: pick one.")
+        geometry = (self.model_kwargs(), self.saved_model_kwargs())
+        check_max_seq_length(self.max_seq_length)  # the examples' own bound (examples.py)
+        for kwargs in geometry:  # the model's geometry, as its config checks it
+            ScratchBertConfig(**kwargs).validate_sizes()
 
     def _validate_long_phase(self) -> None:
         if not 0.0 <= self.long_phase < 1.0:
@@ -388,8 +389,12 @@ class PretrainConfig(TrainingArguments, DataArguments, ModelArguments, ConfigFil
             raise ScratchBertError("--long-phase builds a second set of examples from the corpus: not with --streaming or --prepared-data.")
 
     # --- geometry shared with the model config ---
-    def new_model(self, model_config: ScratchBertConfig):
-        """A freshly initialised model of `model_config` for this run: the MLM head alone, or with NSP (`nsp`)."""
+    def new_model(self, vocab_size: int, pad_token_id: int = 0, **model_options):
+        """A freshly initialised model for this run, of `vocab_size` tokens: the MLM head alone, or with NSP (`nsp`).
+
+        Its `ScratchBertConfig` is this run's geometry (`model_kwargs`) with `model_options` (the loop's
+        `sparse_prediction=True`)."""
+        model_config = ScratchBertConfig(vocab_size=vocab_size, pad_token_id=pad_token_id, **self.model_kwargs(), **model_options)
         return (ScratchBertForPreTraining if self.nsp else ScratchBertForMaskedLM)(model_config)
 
     def model_kwargs(self) -> dict:
@@ -479,15 +484,11 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
-def check_vocabulary(tokenizer, model_config) -> None:
+def check_vocabulary(tokenizer, vocab_size: int) -> None:
     """The tokenizer's ids must index the model's embedding table one to one."""
-    if len(tokenizer) != model_config.vocab_size:
+    if len(tokenizer) != vocab_size:
         raise ScratchBertError(
-            f"the tokenizer has {len(tokenizer)} tokens but the model's vocab_size is {model_config.vocab_size}: "
+            f"the tokenizer has {len(tokenizer)} tokens but the model's vocab_size is {vocab_size}: "
             "ids would index the wrong (or no) embedding rows. Use the tokenizer the model was built for, or "
             "set --vocab-size to the tokenizer's size (or leave it out)."
-        )
-    if tokenizer.pad_token_id != model_config.pad_token_id:
-        raise ScratchBertError(
-            f"the tokenizer's [PAD] id is {tokenizer.pad_token_id} but the model's pad_token_id is {model_config.pad_token_id}."
         )

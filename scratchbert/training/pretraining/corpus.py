@@ -1,4 +1,4 @@
-"""A pretraining run's inputs: corpus -> held-out split -> tokenizer -> examples -> batches.
+"""A pretraining run's inputs: corpus -> held-out split -> tokenizer -> examples (masking.py makes the batches).
 
 Everything here only reads: the corpus (`--train-files`, `--dataset`, or the embedded
 default), the tokenizer (the run's own copy when resuming, `--tokenizer`, or one trained on
@@ -18,16 +18,13 @@ import datasets
 import torch
 from accelerate import Accelerator, PartialState
 from datasets.arrow_dataset import Column
-from torch.utils.data import DataLoader
 
 from scratchbert import ingestion
 from scratchbert.errors import ScratchBertError
 from scratchbert.tokenization import load_tokenizer, train_tokenizer
-from scratchbert.training.pretraining import global_batch, streaming
+from scratchbert.training.pretraining import streaming
 from scratchbert.training.pretraining.config import DEFAULT_VOCAB_SIZE, PretrainConfig
-from scratchbert.training.pretraining.evaluation import EVAL_MLM_PROBABILITY
-from scratchbert.training.pretraining.examples import build_packed_dataset, build_pretraining_dataset, tokenize_documents
-from scratchbert.training.pretraining.masking import MLM_INPUTS, MODEL_INPUTS, DataCollatorForPretraining, IndexedDataset, SeededCollator
+from scratchbert.training.pretraining.examples import build_examples, tokenize_documents
 
 TOKENIZER_DIR = "tokenizer"  # the run's own tokenizer, in its output folder
 
@@ -152,7 +149,7 @@ def build_long_dataset(config: PretrainConfig, tokenizer, train_docs, accelerato
     long_length = config.long_seq_length or config.max_position_embeddings
     with accelerator.main_process_first(), progress_bars(_show_progress(config)):
         tokenized = tokenize_documents(train_docs, tokenizer, num_proc=config.num_proc, sentences=config.packing != "full-sentences")
-        dataset = _examples(config, tokenizer, tokenized, config.seed + 20_000, max_seq_length=long_length)
+        dataset = build_examples(tokenized, tokenizer, seed=config.seed + 20_000, **_recipe(config, long_length))
     if len(dataset) == 0:
         raise ScratchBertError(f"--long-phase: the training text gives no example of {long_length} tokens. Lower --long-seq-length or add text.")
     return dataset
@@ -180,17 +177,14 @@ def build_datasets(config: PretrainConfig, tokenizer, train_docs: Sequence[str],
         return _build_datasets(config, tokenizer, train_docs, eval_docs)
 
 
-def _examples(config: PretrainConfig, tokenizer, documents, seed: int, max_seq_length: int | None = None):
-    """The recipe's examples from documents (text or tokenized; a Dataset or a stream), of --max-seq-length tokens or `max_seq_length`."""
-    length = max_seq_length or config.max_seq_length
-    if config.packing == "full-sentences":
-        return build_packed_dataset(documents, tokenizer, max_seq_length=length, num_proc=config.num_proc)
-    pairing = {"max_seq_length": length, "short_seq_prob": config.short_seq_prob, "num_proc": config.num_proc}
-    return build_pretraining_dataset(documents, tokenizer, seed=seed, nsp_probability=0.5 if config.nsp else 0.0, **pairing)
+def _recipe(config: PretrainConfig, max_seq_length: int | None = None) -> dict:
+    """What `examples.build_examples` needs to know of the run: the recipe's packing, length and pairing."""
+    return {"packing": config.packing, "max_seq_length": max_seq_length or config.max_seq_length, "short_seq_prob": config.short_seq_prob,
+            "nsp_probability": 0.5 if config.nsp else 0.0, "num_proc": config.num_proc}  # fmt: skip
 
 
 def _build_datasets(config: PretrainConfig, tokenizer, train_docs, eval_docs):
-    examples = functools.partial(_examples, config, tokenizer)
+    examples = functools.partial(build_examples, tokenizer=tokenizer, **_recipe(config))
     splits = []
     for name, docs, copies, seed in (
         ("training", train_docs, config.dupe_factor if config.packing == "sentence-pairs" else 1, config.seed),
@@ -199,9 +193,9 @@ def _build_datasets(config: PretrainConfig, tokenizer, train_docs, eval_docs):
         # Packing runs a document's sentences together: it needs no sentence splitter.
         tokenized = tokenize_documents(docs, tokenizer, num_proc=config.num_proc, sentences=config.packing != "full-sentences")
         try:
-            dataset = examples(tokenized, seed)
+            dataset = examples(tokenized, seed=seed)
             if copies > 1:  # --dupe-factor: more pairings of the same documents, each of its own seed
-                dataset = datasets.concatenate_datasets([dataset, *(examples(tokenized, seed + copy) for copy in range(1, copies))])
+                dataset = datasets.concatenate_datasets([dataset, *(examples(tokenized, seed=seed + copy) for copy in range(1, copies))])
         except ValueError as err:
             raise ScratchBertError(f"the {name} split ({len(docs)} documents): {err}") from None
         if len(dataset) == 0:
@@ -226,101 +220,9 @@ def build_stream_datasets(config: PretrainConfig, tokenizer, train_docs: dataset
     pairs are paired once: `--dupe-factor` does not apply); each epoch reads it again.
     """
     with progress_bars(_show_progress(config)):
-        eval_dataset = streaming.materialize(_examples(config, tokenizer, eval_docs, config.seed + 10_000), config.max_eval_examples or None, "held-out")
-    return _examples(config, tokenizer, train_docs, config.seed), eval_dataset
-
-
-class EpochPermutation(torch.utils.data.Sampler[int]):
-    """Every example at most once an epoch, in an order drawn from (seed, epoch): `set_epoch` before each.
-
-    `step_examples`: the examples of one optimizer step over every process (`global_batch.py`).
-    Only whole steps are handed out: the last `len % step_examples` indices of an epoch's order are
-    left out (other examples each epoch), so every step, on any number of processes, trains on
-    the same examples as one process with the whole batch.
-
-    The order is one int32 tensor, 4 bytes an example. torch's `RandomSampler` (and Accelerate's
-    seedable one, built on it) turns its permutation into a Python list, about 36 bytes an
-    example: 0.5 GB for the 13 million examples of a 4 GB corpus, memory that grew with the corpus.
-    """
-
-    CHUNK = 4096  # indices handed out per list conversion
-
-    def __init__(self, num_examples: int, seed: int, step_examples: int = 1):
-        self.num_examples, self.seed, self.epoch = num_examples, seed, 0
-        self.step_examples = step_examples
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __len__(self) -> int:
-        return self.num_examples // self.step_examples * self.step_examples
-
-    def __iter__(self):
-        generator = torch.Generator().manual_seed(self.seed + self.epoch)
-        order = torch.randperm(self.num_examples, generator=generator, dtype=torch.int32)[: len(self)]
-        for start in range(0, len(order), self.CHUNK):
-            yield from order[start : start + self.CHUNK].tolist()
-
-
-def _collate(config: PretrainConfig, tokenizer, seed: int, evaluation: bool = False) -> SeededCollator:
-    """The masking collator of training batches or, with `evaluation`, of held-out ones.
-
-    Evaluation masks at BERT's 15% with BERT's 80/10/10 whatever the training recipe: every
-    evaluation, and every recipe, is scored on the same kind of task. Without NSP the model takes
-    no next_sentence_label (sentence pairs still carry one).
-    """
-    if evaluation:
-        masking = DataCollatorForPretraining(tokenizer, mlm_probability=EVAL_MLM_PROBABILITY, whole_word_mask=config.whole_word_mask)
-    else:
-        masking = DataCollatorForPretraining(
-            tokenizer, mlm_probability=config.mlm_probability, mask_replace_prob=config.mask_replace_prob,
-            random_replace_prob=config.random_replace_prob, whole_word_mask=config.whole_word_mask,
-        )  # fmt: skip
-    return SeededCollator(masking, seed, model_inputs=MODEL_INPUTS if config.nsp else MLM_INPUTS)
-
-
-def _shuffled_loader(config: PretrainConfig, dataset: datasets.Dataset, collate: SeededCollator, batch_size: int, seed: int, num_processes: int) -> DataLoader:
-    """Batches of `dataset` in `EpochPermutation`'s order: whole optimizer steps of every process only."""
-    examples = IndexedDataset(dataset)
-    step_examples = global_batch.examples_per_step(batch_size, config.gradient_accumulation_steps, num_processes)
-    if len(dataset) < step_examples:
-        raise ScratchBertError(
-            f"the training split has {len(dataset)} examples, fewer than one optimizer step's "
-            f"{global_batch.describe(batch_size, config.gradient_accumulation_steps, num_processes)}. "
-            "Add text, or lower --batch-size or --gradient-accumulation-steps."
-        )
-    # Each DataLoader gets its own generator: starting an iteration draws a worker base seed
-    # from it, and from torch's global RNG (dropout's stream) if it had none — which would
-    # shift dropout in a resumed run, since it starts iterating at a different moment.
-    sampler = EpochPermutation(len(dataset), seed, step_examples)
-    return DataLoader(examples, batch_size=batch_size, sampler=sampler, collate_fn=collate, num_workers=config.num_workers,
-                      generator=torch.Generator().manual_seed(seed))  # fmt: skip
-
-
-def make_dataloaders(config: PretrainConfig, tokenizer, train_dataset, eval_dataset, accelerator: Accelerator | None = None):
-    """The training loader (shuffled by epoch, or a stream's), the held-out loader, and the training collator."""
-    train_collate = _collate(config, tokenizer, config.seed)
-    eval_collate = _collate(config, tokenizer, config.seed + 1, evaluation=True)
-    held_out = IndexedDataset(eval_dataset)
-    num_processes = accelerator.num_processes if accelerator is not None else 1
-    if isinstance(train_dataset, datasets.IterableDataset):
-        train_loader = streaming.StreamLoader(
-            streaming.ExampleStream(train_dataset, config.seed), config.batch_size, config.gradient_accumulation_steps,
-            train_collate, accelerator.device, rank=accelerator.process_index, world_size=num_processes,
-        )  # fmt: skip
-    else:
-        train_loader = _shuffled_loader(config, train_dataset, train_collate, config.batch_size, config.seed, num_processes)
-    eval_loader = DataLoader(held_out, batch_size=config.batch_size, collate_fn=eval_collate, num_workers=config.num_workers,
-                             generator=torch.Generator().manual_seed(config.seed + 1))  # fmt: skip
-    return train_loader, eval_loader, train_collate
-
-
-def make_long_loader(config: PretrainConfig, tokenizer, long_dataset: datasets.Dataset, num_processes: int = 1) -> tuple[DataLoader, SeededCollator]:
-    """--long-phase: batches of long examples, about the tokens of a regular batch (BERT kept 256 examples of 512)."""
-    long_length = config.long_seq_length or config.max_position_embeddings
-    batch_size = max(1, config.batch_size * config.max_seq_length // long_length)
-    collate = _collate(config, tokenizer, config.seed + 2)
-    return _shuffled_loader(config, long_dataset, collate, batch_size, config.seed + 2, num_processes), collate
+        eval_dataset = build_examples(eval_docs, tokenizer, seed=config.seed + 10_000, **_recipe(config))
+        eval_dataset = streaming.materialize(eval_dataset, config.max_eval_examples or None, "held-out")
+    return build_examples(train_docs, tokenizer, seed=config.seed, **_recipe(config)), eval_dataset
 
 
 @contextlib.contextmanager

@@ -22,7 +22,7 @@ the seed, so a training loop can tokenize once and re-pair every epoch with
 
 Every step is a `datasets.map` over documents; `num_proc` spreads it over processes
 (`available_cores()` by default in `scratchbert pretrain`) and the examples are the same for
-any number of them. `progress_bars(False)` silences datasets' bars around any of these calls.
+any number of them. `corpus.progress_bars(False)` silences datasets' bars around any of these calls.
 
 Labels follow transformers' `BertForPreTraining`: `next_sentence_label` 0 means B
 continues A, 1 means B is random.
@@ -725,16 +725,26 @@ def build_packed_dataset(
     return examples
 
 
+def build_examples(documents: Documents, tokenizer, *, packing: str, seed: int, max_seq_length: int, nsp_probability: float,
+                   short_seq_prob: float, num_proc: int | None = None) -> datasets.Dataset | datasets.IterableDataset:
+    """A recipe's examples from documents (text or tokenized; a Dataset or a stream): `packing` "full-sentences"
+    packs text to exactly `max_seq_length` tokens (`build_packed_dataset`), "sentence-pairs" makes BERT's
+    A/B pairs (`build_pretraining_dataset`; NotNext partners with `nsp_probability`, the paper's 0.5)."""
+    if packing == "full-sentences":
+        return build_packed_dataset(documents, tokenizer, max_seq_length=max_seq_length, num_proc=num_proc)
+    return build_pretraining_dataset(documents, tokenizer, seed=seed, max_seq_length=max_seq_length, short_seq_prob=short_seq_prob,
+                                     nsp_probability=nsp_probability, num_proc=num_proc)  # fmt: skip
+
+
 __all__ = [
     "MIN_MAX_SEQ_LENGTH",
-    "available_cores",
+    "build_examples",
     "build_packed_dataset",
     "check_max_seq_length",
     "build_pretraining_dataset",
     "create_pairs_from_document",
     "cut_long_sentences",
     "pack_token_stream",
-    "progress_bars",
     "split_sentences",
     "tokenize_documents",
     "truncate_pair",

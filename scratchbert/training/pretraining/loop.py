@@ -15,10 +15,10 @@ One loop, the same on a laptop core or a cluster, written with Hugging Face Acce
                      mask, `masking.py`), built and checked *before* the output folder is touched (a bad
                      input never damages a finished run); the model (`PretrainConfig.new_model`: the MLM
                      head alone, or with NSP in the paper's recipe); the folder written (`checkpoint.py`);
-                     AdamW and the schedule, over steps or the `--time-budget` (`schedules.py`); with
+                     AdamW and the schedule, over steps or the `--time-budget` (`optimization.py`); with
                      `--resume`, the latest checkpoint's weights, optimizer, schedule, RNG states and place.
   2. `train`         the step loop, each block named where it runs: batch -> forward -> loss over the
-                     global counts (`global_batch.py`) -> backward -> optimizer step -> log (`run_log.py`)
+                     global counts (`optimization.py`) -> backward -> optimizer step -> log (the JSONL records, `RunLog`)
                      -> evaluate (`evaluation.py`, at 15% masking whatever the training rate) -> checkpoint.
   3. `finish`        the final evaluation, `save_pretrained` of model and tokenizer (loadable with the Auto
                      classes and `pipeline("fill-mask")`), a PNG of the curves, an orderly shutdown.
@@ -26,7 +26,7 @@ One loop, the same on a laptop core or a cluster, written with Hugging Face Acce
 docs/walkthrough.md follows one step of this loop by hand.
 
 Exact resumption needs every random draw to be reproducible from the checkpoint:
-  - data order: `corpus.EpochPermutation` (seed + epoch) and Accelerate's `skip_first_batches`;
+  - data order: `masking.EpochPermutation` (seed + epoch) and Accelerate's `skip_first_batches`;
   - dropout: torch's global RNG, saved per process by `save_state`, and used by nothing
     else (the DataLoaders get generators of their own);
   - MLM masks: drawn by the collator from a generator seeded by (seed, epoch, example
@@ -39,6 +39,8 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import json
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -49,12 +51,12 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import DistributedType, set_seed
 from torch.utils.data import DataLoader
+from tqdm.auto import tqdm
 
-from scratchbert.configuration_scratchbert import ScratchBertConfig
 from scratchbert.errors import NonFiniteLossError, ScratchBertError
 from scratchbert.inspection import fill_mask, load_masked_lm
 from scratchbert.training.pretraining import checkpoint as ckpt
-from scratchbert.training.pretraining import global_batch, processes, sharding
+from scratchbert.training.pretraining import optimization, processes, sharding
 from scratchbert.training.pretraining.checkpoint import (
     CURVES_FILE,
     LOG_FILE,
@@ -63,13 +65,12 @@ from scratchbert.training.pretraining.checkpoint import (
     save_final_model,
 )
 from scratchbert.training.pretraining.config import PretrainConfig, check_vocabulary
-from scratchbert.training.pretraining.corpus import build_data, make_dataloaders, make_long_loader
-from scratchbert.training.pretraining.evaluation import evaluate, held_out_passages, plateau_report, weight_checksum
-from scratchbert.training.pretraining.masking import SeededCollator
+from scratchbert.training.pretraining.corpus import build_data
+from scratchbert.training.pretraining.evaluation import evaluate, held_out_passages, plateau_report, plot_training_curves, read_log, weight_checksum
+from scratchbert.training.pretraining.masking import SeededCollator, make_dataloaders, make_long_loader
+from scratchbert.training.pretraining.optimization import TimeBudgetSchedule, TrainingClock, adamw, make_scheduler, parameter_groups
 from scratchbert.training.pretraining.precision import warn_if_fp32_is_faster
 from scratchbert.training.pretraining.prepared import load_prepared
-from scratchbert.training.pretraining.run_log import RunLog, plot_training_curves, progress_bar, read_log, train_record
-from scratchbert.training.pretraining.schedules import TimeBudgetSchedule, TrainingClock, adamw, make_scheduler, parameter_groups
 from scratchbert.training.run_folder import OutputDirLock
 
 # Shown after the demo run (no --train-files / --dataset): sentences in the style of the
@@ -121,6 +122,7 @@ class Run:
     eval_dataset: object  # the held-out examples (token ids)
     vocab_size: int
     budget_schedule: TimeBudgetSchedule | None = None
+    global_batch: int = 0  # G: the examples of one optimizer step, over every process and micro-batch
     position: Position = field(default_factory=Position)
     last_saved: str | None = None  # the newest checkpoint, named in error messages
     setup_seconds: float = 0.0  # from the call to the training loop: reading and preparing the data, mostly
@@ -187,24 +189,25 @@ def setup(config: PretrainConfig, accelerator: Accelerator, lock: OutputDirLock,
         vocab_size = resume_state["model_vocab_size"]
     else:
         vocab_size = config.vocab_size if config.tokenizer and config.vocab_size is not None else len(tokenizer)
+    check_vocabulary(tokenizer, vocab_size)
     # sparse_prediction: the MLM head scores only the masked positions (the loss reads nothing else), for speed.
-    model_config = ScratchBertConfig(vocab_size=vocab_size, pad_token_id=tokenizer.pad_token_id, sparse_prediction=True, **config.model_kwargs())
-    check_vocabulary(tokenizer, model_config)
-    model = config.new_model(model_config)
+    new_model = partial(config.new_model, vocab_size, tokenizer.pad_token_id, sparse_prediction=True)
+    model = new_model()
     if accelerator.is_fsdp2:  # one shard unit per layer, the tied MLM head with the embeddings (sharding.py)
         model = sharding.shard(model, accelerator)
     if asked_precision == "bf16" and accelerator.device.type == "cpu" and accelerator.is_main_process and resume_state is None:
         # bf16 is not faster on every CPU that has bf16 instructions: a few timed steps say (precision.py)
-        warn_if_fp32_is_faster(partial(config.new_model, model.config), config.batch_size, config.max_seq_length, config.mlm_probability)
+        warn_if_fp32_is_faster(new_model, config.batch_size, config.max_seq_length, config.mlm_probability)
 
     # Everything is known to be good: only now is the folder cleared (--overwrite) and written.
     prepare_output_dir(config, accelerator, tokenizer, fresh_start=resume_state is None, lock=lock)
 
-    # Optimizer and schedule: AdamW, warmup then linear decay over steps or the time budget (schedules.py).
+    # Optimizer and schedule: AdamW, warmup then linear decay over steps or the time budget (optimization.py).
     groups = parameter_groups(model, config.weight_decay)
     betas = (config.adam_beta1, config.adam_beta2)
     optimizer = adamw(groups, accelerator.device, lr=config.learning_rate, betas=betas, eps=config.adam_epsilon)
     scheduler, budget_schedule = make_scheduler(optimizer, config.max_steps, config.warmup_ratio, config.time_budget)
+    global_batch = optimization.examples_per_step(config.batch_size, config.gradient_accumulation_steps, accelerator.num_processes)
     if config.streaming:  # a stream is split by streaming.py and put on the device by its StreamLoader
         model, optimizer, eval_loader, scheduler = accelerator.prepare(model, optimizer, eval_loader, scheduler)
     else:
@@ -212,7 +215,7 @@ def setup(config: PretrainConfig, accelerator: Accelerator, lock: OutputDirLock,
     long_loader = accelerator.prepare(long_loader) if long_loader is not None else None
     run = Run(
         config, accelerator, tokenizer, model, optimizer, scheduler, train_loader, eval_loader, train_collate,
-        None if config.streaming else len(train_dataset), eval_dataset, vocab_size, budget_schedule,
+        None if config.streaming else len(train_dataset), eval_dataset, vocab_size, budget_schedule, global_batch,
         long_loader=long_loader, long_collate=long_collate,
     )  # fmt: skip
     # Resume: the latest checkpoint's weights, optimizer, schedule, RNG states and place in the data.
@@ -249,14 +252,14 @@ def train(run: Run, timer=time.perf_counter) -> RunLog:
     try:
         while not run.done():
             batches_before = position.batches_in_epoch
-            # Batch: this process's micro-batches of one global batch (global_batch.py), masked for this epoch.
-            for micro_batches in global_batch.optimizer_steps(_epoch_batches(run), config.gradient_accumulation_steps):
+            # Batch: this process's micro-batches of one global batch (optimization.py), masked for this epoch.
+            for micro_batches in optimization.optimizer_steps(_epoch_batches(run), config.gradient_accumulation_steps):
                 # Forward and backward: each micro-batch's summed loss divided by the whole step's counts.
-                counts = global_batch.GlobalCounts.of(accelerator, micro_batches)
-                scale = global_batch.backward_scale(accelerator)
+                counts = optimization.GlobalCounts.of(accelerator, micro_batches)
+                scale = optimization.backward_scale(accelerator)
                 for number, batch in enumerate(micro_batches):
                     last = number == len(micro_batches) - 1
-                    # Gradients are exchanged once, after the last micro-batch, as Trainer does (global_batch.py).
+                    # Gradients are exchanged once, after the last micro-batch, as Trainer does (optimization.py).
                     accelerator.gradient_state._set_sync_gradients(last)
                     exchange = contextlib.nullcontext() if last or accelerator.distributed_type == DistributedType.DEEPSPEED else accelerator.no_sync(model)
                     with exchange:
@@ -281,7 +284,7 @@ def train(run: Run, timer=time.perf_counter) -> RunLog:
                 run.scheduler.step()
                 position.step += 1
                 progress.update(position.training_seconds - before if config.time_budget is not None else 1)
-                # Log, evaluate, checkpoint: each on its schedule (run_log.py, evaluation.py, checkpoint.py).
+                # Log, evaluate, checkpoint: each on its schedule (`RunLog` below, evaluation.py, checkpoint.py).
                 if position.step % config.log_every == 0 or run.done():
                     _log_training(run, log, window, progress)
                 if config.eval_every and position.step % config.eval_every == 0 and not run.done():
@@ -297,7 +300,7 @@ def train(run: Run, timer=time.perf_counter) -> RunLog:
                 if position.batches_in_epoch == batches_before == 0:
                     raise ScratchBertError(
                         "a whole epoch gave no optimizer step: the stream holds fewer examples than one step's "
-                        f"{global_batch.describe(config.batch_size, config.gradient_accumulation_steps, accelerator.num_processes)}. "
+                        f"{optimization.describe(config.batch_size, config.gradient_accumulation_steps, accelerator.num_processes)}. "
                         "Add text, or lower --batch-size."
                     )
                 position.epoch += 1
@@ -324,6 +327,71 @@ def _log_training(run: Run, log: RunLog, window: dict, progress) -> None:
         record["seq_length"] = (config.long_seq_length or config.max_position_embeddings) if position.phase else config.max_seq_length
     log.write(record)
     progress.set_postfix(step=position.step, loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_second']:.0f}")
+
+
+# ---------------------------------------------------------------------------------------------
+# The log: a JSONL record per logging window and evaluation (and Accelerate's trackers), the progress bar
+# ---------------------------------------------------------------------------------------------
+class RunLog:
+    """The always-on JSONL log (main process) plus Accelerate's trackers."""
+
+    def __init__(self, accelerator: Accelerator, path: Path, resume_step: int | None):
+        self.accelerator = accelerator
+        self.path = path
+        if accelerator.is_main_process:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if resume_step is None:
+                path.write_text("", encoding="utf-8")
+            elif path.exists():  # drop what the interrupted run logged after its last checkpoint
+                kept = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+                kept = [line for line in kept if json.loads(line).get("step", 0) <= resume_step]
+                partial = path.with_name(f".{path.name}.partial")  # written whole, then renamed: a full disk keeps the old log
+                partial.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+                os.replace(partial, path)
+
+    def write(self, record: dict) -> None:
+        if not self.accelerator.is_main_process:
+            return
+        with open(self.path, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record) + "\n")
+        numbers = {f"{record['type']}/{k}": v for k, v in record.items() if isinstance(v, (int, float)) and k != "step"}
+        self.accelerator.log(numbers, step=record.get("step"))
+
+
+class BudgetBar(tqdm):
+    """Seconds of training out of a time budget. The last step ends past the budget, and tqdm drops a
+    total that `n` has passed (its bar format would then fail on total=None): this bar stops at its total."""
+
+    def update(self, n: float = 1) -> bool | None:
+        return super().update(max(0.0, min(n, self.total - self.n)))
+
+
+def progress_bar(config: PretrainConfig, accelerator: Accelerator, step: int, training_seconds: float):
+    """Steps out of max_steps; with a time budget, seconds of training out of the budget."""
+    disable = not (accelerator.is_local_main_process and config.progress_bar)
+    if config.time_budget is None:
+        return tqdm(total=config.max_steps, initial=step, desc="pretrain", unit="step", disable=disable, dynamic_ncols=True)
+    budget = 60.0 * config.time_budget
+    return BudgetBar(
+        total=budget, initial=min(training_seconds, budget), desc="pretrain", unit="s", disable=disable, dynamic_ncols=True,
+        bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f}s [{elapsed}<{remaining}{postfix}]",
+    )  # fmt: skip
+
+
+def train_record(accelerator: Accelerator, window: dict, step: int, epoch: int, scheduler) -> dict:
+    """Mean training loss per optimizer step over the logging window, and throughput.
+
+    Each process holds its share of every step's loss (`optimization.py`): their sum is the step's.
+    """
+    mean_loss = accelerator.reduce(window["loss"], reduction="sum").item() / max(window["steps"], 1)
+    local_tokens = torch.as_tensor(window["tokens"], device=accelerator.device)
+    tokens = int(accelerator.reduce(local_tokens, reduction="sum").item())
+    seconds = time.perf_counter() - window["start"]
+    window.update(loss=torch.zeros_like(window["loss"]), steps=0, tokens=0, start=time.perf_counter())
+    return {
+        "type": "train", "step": step, "epoch": epoch, "loss": mean_loss,
+        "learning_rate": scheduler.get_last_lr()[0], "tokens": tokens, "tokens_per_second": tokens / max(seconds, 1e-9),
+    }  # fmt: skip
 
 
 def _trainer_state(run: Run) -> dict:
@@ -360,8 +428,8 @@ def check_same_global_batch(config: PretrainConfig, accelerator: Accelerator, re
     """
     saved = resume_state["config"]
     saved_processes = resume_state.get("num_processes", 1)
-    before = global_batch.examples_per_step(saved["batch_size"], saved.get("gradient_accumulation_steps", 1), saved_processes)
-    now = global_batch.examples_per_step(config.batch_size, config.gradient_accumulation_steps, accelerator.num_processes)
+    before = optimization.examples_per_step(saved["batch_size"], saved.get("gradient_accumulation_steps", 1), saved_processes)
+    now = optimization.examples_per_step(config.batch_size, config.gradient_accumulation_steps, accelerator.num_processes)
     if config.streaming and "stream" not in resume_state:
         raise ScratchBertError(
             f"{resume_state['path']} was written by an older scratchbert, whose streamed processes each read their own documents; "
@@ -370,8 +438,8 @@ def check_same_global_batch(config: PretrainConfig, accelerator: Accelerator, re
     if before != now:
         raise ScratchBertError(
             f"{resume_state['path']} trained on steps of "
-            f"{global_batch.describe(saved['batch_size'], saved.get('gradient_accumulation_steps', 1), saved_processes)}; "
-            f"this run's would be {global_batch.describe(config.batch_size, config.gradient_accumulation_steps, accelerator.num_processes)}. "
+            f"{optimization.describe(saved['batch_size'], saved.get('gradient_accumulation_steps', 1), saved_processes)}; "
+            f"this run's would be {optimization.describe(config.batch_size, config.gradient_accumulation_steps, accelerator.num_processes)}. "
             f"Choose --batch-size and --gradient-accumulation-steps so that processes x batch x accumulation = {before}."
         )
 
@@ -455,7 +523,6 @@ def _announce(run: Run, log: RunLog) -> None:
         }
     )  # fmt: skip
     examples = "a stream of examples" if run.train_examples is None else f"{run.train_examples} examples"
-    examples_per_step = global_batch.examples_per_step(config.batch_size, config.gradient_accumulation_steps, accelerator.num_processes)
     if config.time_budget is None:
         length = f"{config.max_steps} steps"
     else:
@@ -469,7 +536,7 @@ def _announce(run: Run, log: RunLog) -> None:
         f"{parameters / 1e6:.1f}M parameters, vocabulary {len(run.tokenizer)}) with the "
         f"{config.recipe} recipe ({objective} on {config.packing}, "
         f"{config.mlm_probability:.0%} masking, learning rate {config.learning_rate:g}) on {examples} "
-        f"({len(run.eval_dataset)} held out), {accelerator.num_processes} process(es), {length} of {examples_per_step} examples{long_phase}"
+        f"({len(run.eval_dataset)} held out), {accelerator.num_processes} process(es), {length} of {run.global_batch} examples{long_phase}"
     )
 
 

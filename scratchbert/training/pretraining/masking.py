@@ -1,4 +1,5 @@
-"""Dynamic masking for BERT pretraining: pad a batch, choose tokens to predict, corrupt them.
+"""Dynamic masking for BERT pretraining (pad a batch, choose tokens to predict, corrupt them), and
+the loaders whose batches it masks (`make_dataloaders`: each epoch's order, whole global batches).
 
 Masks are drawn when a batch is formed, not when the dataset is built, so every epoch
 (and every resumed run) sees fresh masks of the same examples ("dynamic masking", as
@@ -23,11 +24,16 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping, Sequence
 
+import datasets
 import torch
-from torch.utils.data import Dataset
+from accelerate import Accelerator
+from torch.utils.data import DataLoader
 
 from scratchbert.errors import ScratchBertError
 from scratchbert.modeling_scratchbert import IGNORE_INDEX  # the label of positions the loss skips
+from scratchbert.training.pretraining import optimization, streaming
+from scratchbert.training.pretraining.config import PretrainConfig
+from scratchbert.training.pretraining.evaluation import EVAL_MLM_PROBABILITY
 
 # What a pretraining batch hands to the model (the collator also makes nothing else).
 MLM_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "labels")
@@ -240,19 +246,6 @@ class DataCollatorForPretraining:
 # ---------------------------------------------------------------------------------------------
 # Masks that a resumed run draws again exactly
 # ---------------------------------------------------------------------------------------------
-class IndexedDataset(Dataset):
-    """Yields `(index, example)` so the collator can seed its masks from which examples it got."""
-
-    def __init__(self, dataset):
-        self.dataset = dataset
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getitem__(self, index: int):
-        return index, self.dataset[index]
-
-
 class SeededCollator:
     """Runs the MLM collator with one generator per example, seeded by (seed, epoch, example index).
 
@@ -281,4 +274,119 @@ class SeededCollator:
         return {name: batch[name] for name in self.model_inputs if name in batch}
 
 
-__all__ = ["IGNORE_INDEX", "MODEL_INPUTS", "DataCollatorForPretraining", "IndexedDataset", "SeededCollator"]
+def seeded_collator(tokenizer, seed: int, nsp: bool, **masking) -> SeededCollator:
+    """A run's collator: `DataCollatorForPretraining(tokenizer, **masking)` drawing each example's masks from
+    (`seed`, epoch, index), handing the model its MLM inputs and, with `nsp`, the next-sentence labels."""
+    return SeededCollator(DataCollatorForPretraining(tokenizer, **masking), seed, model_inputs=MODEL_INPUTS if nsp else MLM_INPUTS)
+
+
+# ---------------------------------------------------------------------------------------------
+# The loaders: examples with their index, in each epoch's order, masked as they are drawn
+# ---------------------------------------------------------------------------------------------
+class IndexedDataset(torch.utils.data.Dataset):
+    """Yields `(index, example)` so the collator can seed each example's masks from which example it is (`SeededCollator`)."""
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int):
+        return index, self.dataset[index]
+
+
+class EpochPermutation(torch.utils.data.Sampler[int]):
+    """Every example at most once an epoch, in an order drawn from (seed, epoch): `set_epoch` before each.
+
+    `step_examples`: the examples of one optimizer step over every process (`optimization.py`).
+    Only whole steps are handed out: the last `len % step_examples` indices of an epoch's order are
+    left out (other examples each epoch), so every step, on any number of processes, trains on
+    the same examples as one process with the whole batch.
+
+    The order is one int32 tensor, 4 bytes an example. torch's `RandomSampler` (and Accelerate's
+    seedable one, built on it) turns its permutation into a Python list, about 36 bytes an
+    example: 0.5 GB for the 13 million examples of a 4 GB corpus, memory that grew with the corpus.
+    """
+
+    CHUNK = 4096  # indices handed out per list conversion
+
+    def __init__(self, num_examples: int, seed: int, step_examples: int = 1):
+        self.num_examples, self.seed, self.epoch = num_examples, seed, 0
+        self.step_examples = step_examples
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.num_examples // self.step_examples * self.step_examples
+
+    def __iter__(self):
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        order = torch.randperm(self.num_examples, generator=generator, dtype=torch.int32)[: len(self)]
+        for start in range(0, len(order), self.CHUNK):
+            yield from order[start : start + self.CHUNK].tolist()
+
+
+def _masking(config: PretrainConfig, evaluation: bool = False) -> dict:
+    """The masking of training batches or, with `evaluation`, of held-out ones (`masking.seeded_collator`'s options).
+
+    Evaluation masks at BERT's 15% with BERT's 80/10/10 whatever the training recipe: every
+    evaluation, and every recipe, is scored on the same kind of task. Without NSP the model takes
+    no next_sentence_label (sentence pairs still carry one).
+    """
+    if evaluation:
+        return {"nsp": config.nsp, "mlm_probability": EVAL_MLM_PROBABILITY, "whole_word_mask": config.whole_word_mask}
+    return {"nsp": config.nsp, "mlm_probability": config.mlm_probability, "mask_replace_prob": config.mask_replace_prob,
+            "random_replace_prob": config.random_replace_prob, "whole_word_mask": config.whole_word_mask}  # fmt: skip
+
+
+def _shuffled_loader(config: PretrainConfig, dataset: datasets.Dataset, collate: SeededCollator, batch_size: int, seed: int, num_processes: int) -> DataLoader:
+    """Batches of `dataset` in `EpochPermutation`'s order: whole optimizer steps of every process only."""
+    examples = IndexedDataset(dataset)
+    step_examples = optimization.examples_per_step(batch_size, config.gradient_accumulation_steps, num_processes)
+    if len(dataset) < step_examples:
+        raise ScratchBertError(
+            f"the training split has {len(dataset)} examples, fewer than one optimizer step's "
+            f"{optimization.describe(batch_size, config.gradient_accumulation_steps, num_processes)}. "
+            "Add text, or lower --batch-size or --gradient-accumulation-steps."
+        )
+    # Each DataLoader gets its own generator: starting an iteration draws a worker base seed
+    # from it, and from torch's global RNG (dropout's stream) if it had none — which would
+    # shift dropout in a resumed run, since it starts iterating at a different moment.
+    sampler = EpochPermutation(len(dataset), seed, step_examples)
+    return DataLoader(examples, batch_size=batch_size, sampler=sampler, collate_fn=collate, num_workers=config.num_workers,
+                      generator=torch.Generator().manual_seed(seed))  # fmt: skip
+
+
+def make_dataloaders(config: PretrainConfig, tokenizer, train_dataset, eval_dataset, accelerator: Accelerator | None = None):
+    """The training loader (shuffled by epoch, or a stream's), the held-out loader, and the training collator."""
+    train_masking, eval_masking = _masking(config), _masking(config, evaluation=True)
+    train_collate = seeded_collator(tokenizer, config.seed, **train_masking)
+    eval_collate = seeded_collator(tokenizer, config.seed + 1, **eval_masking)
+    held_out = IndexedDataset(eval_dataset)
+    num_processes = accelerator.num_processes if accelerator is not None else 1
+    if isinstance(train_dataset, datasets.IterableDataset):
+        train_loader = streaming.StreamLoader(
+            streaming.ExampleStream(train_dataset, config.seed), config.batch_size, config.gradient_accumulation_steps,
+            train_collate, accelerator.device, rank=accelerator.process_index, world_size=num_processes,
+        )  # fmt: skip
+    else:
+        train_loader = _shuffled_loader(config, train_dataset, train_collate, config.batch_size, config.seed, num_processes)
+    eval_loader = DataLoader(held_out, batch_size=config.batch_size, collate_fn=eval_collate, num_workers=config.num_workers,
+                             generator=torch.Generator().manual_seed(config.seed + 1))  # fmt: skip
+    return train_loader, eval_loader, train_collate
+
+
+def make_long_loader(config: PretrainConfig, tokenizer, long_dataset: datasets.Dataset, num_processes: int = 1) -> tuple[DataLoader, SeededCollator]:
+    """--long-phase: batches of long examples, about the tokens of a regular batch (BERT kept 256 examples of 512)."""
+    long_length = config.long_seq_length or config.max_position_embeddings
+    batch_size = max(1, config.batch_size * config.max_seq_length // long_length)
+    collate = seeded_collator(tokenizer, config.seed + 2, **_masking(config))
+    return _shuffled_loader(config, long_dataset, collate, batch_size, config.seed + 2, num_processes), collate
+
+
+__all__ = [
+    "IGNORE_INDEX", "MLM_INPUTS", "MODEL_INPUTS", "DataCollatorForPretraining", "EpochPermutation", "IndexedDataset", "SeededCollator",
+    "make_dataloaders", "make_long_loader", "seeded_collator",
+]  # fmt: skip

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from scratchbert import cpu_gemm
-from scratchbert.training.pretraining.schedules import adamw, parameter_groups
+from scratchbert.training.pretraining.optimization import adamw, parameter_groups
 
 PRECISIONS = {"no": None, "bf16": torch.bfloat16}  # --mixed-precision value -> autocast dtype
 

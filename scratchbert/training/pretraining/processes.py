@@ -23,6 +23,7 @@ import socket
 import threading
 import time
 from datetime import timedelta
+from functools import partial
 from importlib import metadata
 from pathlib import Path
 
@@ -33,7 +34,6 @@ from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration, broa
 
 import scratchbert
 from scratchbert import cpu_gemm
-from scratchbert.configuration_scratchbert import ScratchBertConfig
 from scratchbert.errors import ScratchBertError
 from scratchbert.tokenization import load_tokenizer
 from scratchbert.training.pretraining import checkpoint as ckpt
@@ -89,9 +89,8 @@ def _auto_decision(config: PretrainConfig) -> tuple[str, str]:
     if checkpoints:
         resumed = ckpt.read_trainer_state(checkpoints[-1][1])["config"].get("mixed_precision", "no")
         return resumed, f"{'fp32' if resumed == 'no' else resumed}, the precision of the checkpoint this run continues"
-    model_config = ScratchBertConfig(vocab_size=trial_vocab_size(config), sparse_prediction=True, **config.model_kwargs())
     return auto_precision(
-        lambda: config.new_model(model_config), config.batch_size, config.max_seq_length, config.mlm_probability,
+        partial(config.new_model, trial_vocab_size(config), sparse_prediction=True), config.batch_size, config.max_seq_length, config.mlm_probability,
         on_gpu=has_accelerator_device(),
     )
 
@@ -158,7 +157,7 @@ def build_accelerator(config: PretrainConfig) -> Accelerator:
         gradient_accumulation_steps=config.gradient_accumulation_steps,
         log_with=trackers or None,
         project_config=ProjectConfiguration(project_dir=config.output_dir, logging_dir=str(Path(config.output_dir) / "logs")),
-        # The training order is corpus.EpochPermutation's (seed + epoch), which Accelerate leaves
+        # The training order is masking.EpochPermutation's (seed + epoch), which Accelerate leaves
         # alone; the seedable sampler would stand in for any plain shuffling DataLoader.
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=config.seed),
         # We step the scheduler once per optimizer step ourselves; by default Accelerate

@@ -17,7 +17,7 @@ ready. For corpora that do not fit on disk twice, or a first look at a new one.
   documents (read once, at the start).
 - **Several processes share out global batches**: every process reads, tokenizes and packs the
   whole stream, and `StreamLoader` keeps this process's share of each optimizer step's N * B * k
-  examples (`global_batch.py`): the examples, their order and their masks are those of one
+  examples (`optimization.py`): the examples, their order and their masks are those of one
   process with the whole batch, on any number of processes and machines, and a checkpoint
   resumes on another number of them. The price: each process does the whole corpus's reading
   and tokenization, which a fast tokenizer does at hundreds of thousands of tokens a second a core.
@@ -87,7 +87,7 @@ def materialize(examples: datasets.IterableDataset, max_examples: int | None, wh
 class ExampleStream(torch.utils.data.IterableDataset):
     """A datasets `IterableDataset` of examples, shuffled per window, that knows where it is.
 
-    Yields (index, example) like `collator.IndexedDataset`, so `SeededCollator` draws masks
+    Yields (index, example) like `masking.IndexedDataset`, so `SeededCollator` draws masks
     from the examples' indices; an index is the example's place in the stream.
     `state_dict()` / `load_state_dict()` record and restore the position (see the module
     docstring); `set_epoch` picks the epoch whose windows the next iteration draws.
@@ -145,7 +145,7 @@ class StreamLoader:
     Reads one optimizer step's examples at a time, `batch_size * accumulation * world_size` of
     them, and hands out this process's micro-batches of it: micro-batch j of the step is batch
     j * world_size + rank of the step's batches, the share Accelerate deals a process of a
-    map-style dataset (`global_batch.py`). A stream's last examples short of a whole step are left out.
+    map-style dataset (`optimization.py`). A stream's last examples short of a whole step are left out.
     One reader in the training process (a DataLoader worker would read the stream again); the
     stream's position, the same in every process, goes into every checkpoint through `state_dict`.
     """
