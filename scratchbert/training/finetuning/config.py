@@ -1,7 +1,7 @@
 """The one configuration object of a fine-tuning run: `FinetuneConfig`, and the defaults behind it.
 
 Each field is a flag of `scratchbert finetune` (or, marked "file_only", an option of its --config
-file) with a one-line help text; `config_file` turns the fields into flags and reads the files.
+file) with a one-line help text; `run_setup` turns the fields into flags and reads the files.
 What a field leaves unset (the learning rate, the epochs, the tokens per example, the pooling) is
 fitted to the model and the data when the run starts (`steps.fitted_schedule`, `data.fitted_inputs`,
 `CheckpointInfo.pooling`), from the defaults here and in those modules.
@@ -15,7 +15,7 @@ from pathlib import Path
 
 from scratchbert.configuration_scratchbert import CLASSIFIER_POOLINGS
 from scratchbert.errors import ScratchBertError
-from scratchbert.training.config_file import ConfigFile
+from scratchbert.training.run_setup import ConfigFile
 from scratchbert.training.finetuning.data import DEFAULT_MAX_LENGTH, DEFAULT_WINDOWS, TRUNCATIONS
 
 DOCS = "docs/finetuning.md"  # what was measured, and why the defaults are what they are

@@ -46,7 +46,7 @@ from scratchbert.training.finetuning.steps import (
     save_run,
     training_arguments,
 )
-from scratchbert.training.run_folder import OutputDirLock, check_output_folder
+from scratchbert.training.run_setup import OutputDirLock, check_output_folder
 from scratchbert.weights import check_vocabulary, check_weights, model_folder, quiet_loading
 
 logger = logging.getLogger(__name__)
@@ -67,9 +67,9 @@ def finetune_question_answering(config: FinetuneConfig, model_class=None) -> dic
     # 1. The checkpoint, read once; its fast tokenizer (the windows' offsets come from it); the window's length.
     output_dir = check_output_folder(config.output_dir, config.overwrite)
     checkpoint = CheckpointInfo.read(config.checkpoint)
-    max_length = fitted_inputs(config, checkpoint.positions)["max_length"]
     tokenizer = load_tokenizer(config.tokenizer if config.tokenizer is not None else checkpoint.folder, max_length=checkpoint.positions)
     check_vocabulary(checkpoint.vocab_size or len(tokenizer), tokenizer, config.tokenizer or checkpoint.name)
+    max_length = fitted_inputs(config, checkpoint.positions)["max_length"]
     if not tokenizer.is_fast:
         raise ScratchBertError(f"question answering needs a fast tokenizer (its offsets map answers to pieces); {type(tokenizer).__name__} is not one.")
 
@@ -83,7 +83,6 @@ def finetune_question_answering(config: FinetuneConfig, model_class=None) -> dic
     reading = SpanReading(max_length, config.doc_stride, config.n_best, config.max_answer_length, null_answers)
     check_stride(tokenizer, [q for split in splits.values() for q in split["question"]], reading)
     windows = {name: split_windows(split, tokenizer, reading, name) for name, split in splits.items()}
-    schedule = fitted_schedule(config, checkpoint.hidden_size, len(windows["train"]))
     logger.info("%s questions: %s windows of %d tokens sharing %d; %s answers", ", ".join(f"{len(s)} {n}" for n, s in splits.items()),
                 ", ".join(f"{len(w)} {n}" for n, w in windows.items()), max_length, config.doc_stride,
                 "SQuAD v2: no-answer" if null_answers else "SQuAD v1.1: span")  # fmt: skip
@@ -96,6 +95,7 @@ def finetune_question_answering(config: FinetuneConfig, model_class=None) -> dic
         model = load_span_model(checkpoint, model_class)
 
         # 4. The Trainer: evaluation and a checkpoint each epoch, scored per question; the best epoch reloaded at the end.
+        schedule = fitted_schedule(config, checkpoint.hidden_size, len(windows["train"]))
         args = training_arguments(config, schedule, output_dir, best_metric)
         trainer = make_trainer(
             model, tokenizer, args, windows["train"].remove_columns(["example", "offset_mapping"]), windows["validation"],

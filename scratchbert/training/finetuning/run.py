@@ -6,11 +6,11 @@ into a text classifier, reading each thing once and in this order, one block of 
 1. the checkpoint  `CheckpointInfo.read` (steps.py): config.json, the head's size and labels; the
                    tokenizer; what the classifier reads of a text (`fitted_inputs`, data.py);
 2. the data        `read_splits`, `check_columns`, `carve_splits`, the labels as ids, then
-                   `tokenize_splits`: `max_length` tokens, cut at the end by default (data.py); the
-                   learning rate and epochs fitted to the model and the data (`fitted_schedule`, steps.py);
+                   `tokenize_splits`: `max_length` tokens, cut at the end by default (data.py);
 3. the model       `load_sequence_classifier` (steps.py);
-4. the Trainer     `make_trainer` (steps.py, shared by every task): evaluation each epoch and the best epoch kept, as
-                   `load_best_model_at_end` keeps it;
+4. the Trainer     the learning rate and epochs fitted to the model and the data (`fitted_schedule`), then
+                   `make_trainer` (steps.py, shared by every task): evaluation each epoch and the best epoch
+                   kept, as `load_best_model_at_end` keeps it;
 5. evaluation      validation and test scored per text (metrics.py); a one-class answer is reported;
 6. saving          model (its config records how it read a text), tokenizer, metrics.json; epoch
                    checkpoints removed unless `keep_checkpoints`.
@@ -56,7 +56,7 @@ from scratchbert.training.finetuning.steps import (  # noqa: F401 (also imported
     save_run,
     training_arguments,
 )
-from scratchbert.training.run_folder import OutputDirLock, check_output_folder
+from scratchbert.training.run_setup import OutputDirLock, check_output_folder
 from scratchbert.weights import check_vocabulary
 
 logger = logging.getLogger(__name__)
@@ -82,10 +82,10 @@ def finetune(config: FinetuneConfig, model_class=None) -> dict[str, Any]:
     # 1. The checkpoint, read once; its tokenizer; how many tokens of a text the classifier reads, and which.
     output_dir = check_output_folder(config.output_dir, config.overwrite)
     checkpoint = CheckpointInfo.read(config.checkpoint)
-    inputs = fitted_inputs(config, checkpoint.positions)
-    logger.info("%d tokens per example, %s truncation, up to %d windows per text", inputs["max_length"], inputs["truncation"], inputs["windows"])
     tokenizer = load_tokenizer(config.tokenizer if config.tokenizer is not None else checkpoint.folder, max_length=checkpoint.positions)
     check_vocabulary(checkpoint.vocab_size or len(tokenizer), tokenizer, config.tokenizer or checkpoint.name)
+    inputs = fitted_inputs(config, checkpoint.positions)
+    logger.info("%d tokens per example, %s truncation, up to %d windows per text", inputs["max_length"], inputs["truncation"], inputs["windows"])
 
     # 2. The data: its cells checked in the files' order, validation held out, labels made ids, texts tokenized.
     splits = read_splits(config.train_files, config.validation_files, config.test_files, config.dataset, config.dataset_config,
@@ -98,9 +98,6 @@ def finetune(config: FinetuneConfig, model_class=None) -> dict[str, Any]:
     splits = tokenize_splits(splits, tokenizer, config.text_column, config.text_pair_column, inputs["max_length"], inputs["truncation"], inputs["windows"])
     if (advice := long_text_advice(splits["train"], inputs["max_length"], inputs["windows"], config.text_pair_column)) is not None:
         logger.info(advice)
-    schedule = fitted_schedule(config, checkpoint.hidden_size, len(splits["train"]))
-    logger.info("learning rate %g (%s), %g epochs of %d optimizer steps (%s)", schedule["learning_rate"], schedule["chosen_by"]["learning_rate"],
-                schedule["epochs"], schedule["steps_per_epoch"], schedule["chosen_by"]["epochs"])  # fmt: skip
 
     # The data is good: only now is the folder made, and held against a second run writing there too.
     with determinism_restored(), OutputDirLock(output_dir, "scratchbert finetune") as lock:
@@ -110,6 +107,9 @@ def finetune(config: FinetuneConfig, model_class=None) -> dict[str, Any]:
         model = load_sequence_classifier(checkpoint, label_names, config.reinit_head, model_class, config.pooling)
 
         # 4. The Trainer: evaluation and a checkpoint each epoch; the best epoch by `best_metric` (the first of equal ones) reloaded at the end.
+        schedule = fitted_schedule(config, checkpoint.hidden_size, len(splits["train"]))
+        logger.info("learning rate %g (%s), %g epochs of %d optimizer steps (%s)", schedule["learning_rate"], schedule["chosen_by"]["learning_rate"],
+                    schedule["epochs"], schedule["steps_per_epoch"], schedule["chosen_by"]["epochs"])  # fmt: skip
         args = training_arguments(config, schedule, output_dir, best_metric)
         trainer = make_trainer(
             model, tokenizer, args, splits["train"], splits["validation"],

@@ -4,11 +4,11 @@ classification), token_classification.py and question_answering.py each read top
 1. the checkpoint, read once (`CheckpointInfo.read`): its config.json and the size and labels of its
    classification head, from the weight files' headers; the pooling a classifier keeps follows from
    them, and the model is later built from the same object;
-2. the schedule (`fitted_schedule`): the learning rate fitted to the model's width and the epochs to
-   the data, where the run does not give them;
-3. the model, loaded with a head over the run's labels (`load_sequence_classifier` for a text
+2. the model, loaded with a head over the run's labels (`load_sequence_classifier` for a text
    classifier, `load_labelled_head` for any labelled head), and what it used of the checkpoint and
    what starts afresh, in words (`report_loaded_weights`);
+3. the schedule (`fitted_schedule`): the learning rate fitted to the model's width and the epochs to
+   the data, where the run does not give them;
 4. Trainer's arguments (`training_arguments`) and the `Trainer` (`make_trainer`), and what Trainer's
    full determinism changes for good put back once the run ends (`determinism_restored`);
 5. what the run reports (`run_outcome`) and saves (`save_run`).
@@ -100,39 +100,6 @@ class CheckpointInfo:
 def default_pooling(hidden_size: int) -> str:
     """What a new classification head reads for an encoder of width `hidden_size` (`POOLING_BY_WIDTH`)."""
     return next(pooling for width, pooling in POOLING_BY_WIDTH if hidden_size <= width)
-
-def default_learning_rate(hidden_size: int) -> float:
-    """The peak learning rate for an encoder of width `hidden_size` (`LEARNING_RATES_BY_WIDTH`)."""
-    return next(rate for width, rate in LEARNING_RATES_BY_WIDTH if hidden_size <= width)
-
-def optimizer_steps_per_epoch(train_rows: int, batch_size: int, gradient_accumulation_steps: int = 1) -> int:
-    """Optimizer steps in one pass over `train_rows` examples, counted as `Trainer` does (one process)."""
-    return max(math.ceil(math.ceil(train_rows / batch_size) / gradient_accumulation_steps), 1)
-
-def fitted_schedule(config: FinetuneConfig, hidden_size: int, train_rows: int) -> dict[str, Any]:
-    """The learning rate and the number of epochs of the run, and where each came from.
-
-    A value given in `config` (a flag or a file) is used as it is. Otherwise the learning rate
-    follows the model's width (`default_learning_rate`) and the epochs are `DEFAULT_EPOCHS`, or
-    as many whole epochs as it takes to make `config.min_steps` optimizer steps: 400 labelled
-    examples in batches of 16 make 25 steps an epoch, too few updates in 3 epochs for a small
-    model to leave the majority class.
-
-    Returns:
-        {"learning_rate", "epochs", "optimizer_steps", "steps_per_epoch", "chosen_by": {option: why}}
-    """
-    per_epoch = optimizer_steps_per_epoch(train_rows, config.batch_size, config.gradient_accumulation_steps)
-    learning_rate, epochs = config.learning_rate, config.epochs
-    chosen_by = {"learning_rate": "given", "epochs": "given"}
-    if learning_rate is None:
-        learning_rate, chosen_by["learning_rate"] = default_learning_rate(hidden_size), f"default for hidden size {hidden_size}"
-    if epochs is None:
-        epochs = max(DEFAULT_EPOCHS, math.ceil(config.min_steps / per_epoch))
-        chosen_by["epochs"] = f"default: {DEFAULT_EPOCHS}, or enough for min_steps {config.min_steps}"
-    return {
-        "learning_rate": learning_rate, "epochs": epochs, "optimizer_steps": math.ceil(epochs * per_epoch), "steps_per_epoch": per_epoch,
-        "chosen_by": chosen_by,
-    }  # fmt: skip
 
 def load_sequence_classifier(
     checkpoint: CheckpointInfo, label_names: Sequence[str], reinit_head: bool = False, model_class=None, pooling: str | None = None
@@ -228,6 +195,39 @@ def report_loaded_weights(checkpoint, loading: dict) -> None:
             "architecture or size, or one cut short. Fine-tuning goes on; check the checkpoint.",
             len(stray), checkpoint, ", ".join(stray[:5]) + (", ..." if len(stray) > 5 else ""),
         )  # fmt: skip
+
+def default_learning_rate(hidden_size: int) -> float:
+    """The peak learning rate for an encoder of width `hidden_size` (`LEARNING_RATES_BY_WIDTH`)."""
+    return next(rate for width, rate in LEARNING_RATES_BY_WIDTH if hidden_size <= width)
+
+def optimizer_steps_per_epoch(train_rows: int, batch_size: int, gradient_accumulation_steps: int = 1) -> int:
+    """Optimizer steps in one pass over `train_rows` examples, counted as `Trainer` does (one process)."""
+    return max(math.ceil(math.ceil(train_rows / batch_size) / gradient_accumulation_steps), 1)
+
+def fitted_schedule(config: FinetuneConfig, hidden_size: int, train_rows: int) -> dict[str, Any]:
+    """The learning rate and the number of epochs of the run, and where each came from.
+
+    A value given in `config` (a flag or a file) is used as it is. Otherwise the learning rate
+    follows the model's width (`default_learning_rate`) and the epochs are `DEFAULT_EPOCHS`, or
+    as many whole epochs as it takes to make `config.min_steps` optimizer steps: 400 labelled
+    examples in batches of 16 make 25 steps an epoch, too few updates in 3 epochs for a small
+    model to leave the majority class.
+
+    Returns:
+        {"learning_rate", "epochs", "optimizer_steps", "steps_per_epoch", "chosen_by": {option: why}}
+    """
+    per_epoch = optimizer_steps_per_epoch(train_rows, config.batch_size, config.gradient_accumulation_steps)
+    learning_rate, epochs = config.learning_rate, config.epochs
+    chosen_by = {"learning_rate": "given", "epochs": "given"}
+    if learning_rate is None:
+        learning_rate, chosen_by["learning_rate"] = default_learning_rate(hidden_size), f"default for hidden size {hidden_size}"
+    if epochs is None:
+        epochs = max(DEFAULT_EPOCHS, math.ceil(config.min_steps / per_epoch))
+        chosen_by["epochs"] = f"default: {DEFAULT_EPOCHS}, or enough for min_steps {config.min_steps}"
+    return {
+        "learning_rate": learning_rate, "epochs": epochs, "optimizer_steps": math.ceil(epochs * per_epoch), "steps_per_epoch": per_epoch,
+        "chosen_by": chosen_by,
+    }  # fmt: skip
 
 def training_arguments(config: FinetuneConfig, schedule: dict[str, Any], output_dir: Path, best_metric: str):
     """Trainer's arguments for every task: evaluation and a checkpoint each epoch, the best epoch by

@@ -51,7 +51,7 @@ from scratchbert.training.finetuning.steps import (
     save_run,
     training_arguments,
 )
-from scratchbert.training.run_folder import OutputDirLock, check_output_folder
+from scratchbert.training.run_setup import OutputDirLock, check_output_folder
 from scratchbert.weights import check_vocabulary
 
 logger = logging.getLogger(__name__)
@@ -69,9 +69,9 @@ def finetune_token_classification(config: FinetuneConfig, model_class=None) -> d
     # 1. The checkpoint, read once; its fast tokenizer (word ids tie each piece to its word); the pieces per sentence.
     output_dir = check_output_folder(config.output_dir, config.overwrite)
     checkpoint = CheckpointInfo.read(config.checkpoint)
-    max_length = fitted_inputs(config, checkpoint.positions)["max_length"]
     tokenizer = load_tokenizer(config.tokenizer if config.tokenizer is not None else checkpoint.folder, max_length=checkpoint.positions)
     check_vocabulary(checkpoint.vocab_size or len(tokenizer), tokenizer, config.tokenizer or checkpoint.name)
+    max_length = fitted_inputs(config, checkpoint.positions)["max_length"]
     if not tokenizer.is_fast:
         raise ScratchBertError(f"token classification needs a fast tokenizer (its word ids tie pieces to words); {type(tokenizer).__name__} is not one.")
 
@@ -89,7 +89,6 @@ def finetune_token_classification(config: FinetuneConfig, model_class=None) -> d
                               batched=True, remove_columns=split.column_names, desc=f"pieces of {name}")
               for name, split in splits.items()}  # fmt: skip
     words_cut = {name: report_cut_words(split, name, max_length) for name, split in pieces.items()}
-    schedule = fitted_schedule(config, checkpoint.hidden_size, len(pieces["train"]))
     logger.info("%d tags (%s): %s; best epoch by %s", len(tag_names), "entities scored" if entity_scheme else "words scored", ", ".join(tag_names), best_metric)
 
     # The data is good: only now is the folder made, and held against a second run writing there too.
@@ -102,6 +101,7 @@ def finetune_token_classification(config: FinetuneConfig, model_class=None) -> d
         model = load_labelled_head(checkpoint, tag_names, config.reinit_head, model_class)
 
         # 4. The Trainer: evaluation and a checkpoint each epoch, scored on words; the best epoch reloaded at the end.
+        schedule = fitted_schedule(config, checkpoint.hidden_size, len(pieces["train"]))
         args = training_arguments(config, schedule, output_dir, best_metric)
         score = partial(word_scores, tag_names=tag_names, entity_scheme=entity_scheme)
         inputs = {name: split.remove_columns(["words", "words_read"]) for name, split in pieces.items()}
