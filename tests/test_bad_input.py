@@ -36,7 +36,7 @@ from scratchbert.tokenization import train_tokenizer
 from scratchbert.training.pretraining import checkpoint as ckpt
 from scratchbert.training.pretraining import loop as pretrain_module
 from scratchbert.training.pretraining.config import PretrainConfig
-from scratchbert.training.run_folder import LOCK_FILE, OutputDirLock
+from scratchbert.training.run_setup import LOCK_FILE, OutputDirLock
 from scratchbert.weights import model_folder
 
 TEXT = "".join(f"document {n} has a few words of plain text in it.\n\n" for n in range(3000))

@@ -396,7 +396,7 @@ def test_empty_or_missing_data_and_occupied_output_dir(tmp_path, capsys, cli_mai
 
 def test_a_folder_another_run_is_writing_to_is_refused_even_with_overwrite(tmp_path, capsys, cli_main, scratch_checkpoint, monkeypatch):
     from scratchbert.training.finetuning import run as finetune_module
-    from scratchbert.training.run_folder import LOCK_FILE, OutputDirLock
+    from scratchbert.training.run_setup import LOCK_FILE, OutputDirLock
 
     train = write_csv(tmp_path / "train.csv", sentiment_rows(48, seed=4))
     out = tmp_path / "out"
@@ -603,7 +603,7 @@ def test_inputs_default_to_one_window_of_256_tokens_cut_at_the_end_and_given_val
 
 
 def test_a_config_file_sets_what_the_defaults_would_and_flags_win_over_it(tmp_path):
-    from scratchbert.training.config_file import read_config_file
+    from scratchbert.training.run_setup import read_config_file
 
     path = tmp_path / "finetune.yaml"
     path.write_text("learning_rate: 2.0e-4\nepochs: 5\n")
@@ -696,7 +696,7 @@ def test_options_have_pretrainings_names_and_the_old_spellings_still_read():
 
 def test_early_stopping_and_pooling_options_are_parsed_and_flags_win(tmp_path):
     from scratchbert.commands import build_parser
-    from scratchbert.training.config_file import read_config_file, resolve_args
+    from scratchbert.training.run_setup import read_config_file, resolve_args
 
     default = FinetuneConfig("ckpt", output_dir="out")
     assert (default.early_stopping_patience, default.pooling) == (DEFAULT_EARLY_STOPPING_PATIENCE, None)

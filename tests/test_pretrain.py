@@ -34,13 +34,13 @@ from conftest import (
 
 from scratchbert import ScratchBertConfig, ScratchBertForPreTraining, cpu_gemm
 from scratchbert.tokenization import load_tokenizer
-from scratchbert.training.config_file import add_config_arguments, config_from_args
+from scratchbert.training.run_setup import add_config_arguments, config_from_args
 from scratchbert.training.pretraining import checkpoint as ckpt
 from scratchbert.training.pretraining import loop as pretrain_module
 from scratchbert.training.pretraining import optimization, precision, processes
 from scratchbert.training.pretraining.config import PRESETS, PretrainConfig
 from scratchbert.training.pretraining.loop import NonFiniteLossError, pretrain
-from scratchbert.training.run_folder import LOCK_FILE, OutputDirLock
+from scratchbert.training.run_setup import LOCK_FILE, OutputDirLock
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -584,7 +584,7 @@ class _MainProcess:
 # A second process that holds a folder as a running pretraining does, until it is killed.
 HOLD_FOLDER = """
 import sys, time
-from scratchbert.training.run_folder import OutputDirLock
+from scratchbert.training.run_setup import OutputDirLock
 lock = OutputDirLock(sys.argv[1], "scratchbert pretrain")
 lock.claim(type("Main", (), {"is_main_process": True, "num_processes": 1})(), writing=True)
 print("held", flush=True)
@@ -887,7 +887,7 @@ def test_long_phase_options_are_checked(tiny_config, tmp_path):
 def test_one_output_folder_check_for_every_command(tmp_path):
     """`check_output_folder`: a file refused; a folder holding anything refused without --overwrite (or --resume for a run)."""
     from scratchbert.training.pretraining.checkpoint import run_contents
-    from scratchbert.training.run_folder import check_output_folder
+    from scratchbert.training.run_setup import check_output_folder
 
     afile = tmp_path / "a.txt"
     afile.write_text("x")

@@ -21,7 +21,7 @@ from accelerate.state import AcceleratorState
 from conftest import TINY_GEOMETRY, kill_after_saving, saved_tokenizer
 
 from scratchbert.errors import ScratchBertError
-from scratchbert.training.config_file import add_config_arguments, config_from_args
+from scratchbert.training.run_setup import add_config_arguments, config_from_args
 from scratchbert.training.pretraining import checkpoint as ckpt
 from scratchbert.training.pretraining.config import RECIPES, PretrainConfig
 from scratchbert.training.pretraining.evaluation import plateau_report

@@ -6,7 +6,7 @@ import argparse
 import json
 import logging
 
-from scratchbert.training.config_file import add_config_arguments, config_from_args
+from scratchbert.training.run_setup import add_config_arguments, config_from_args
 from scratchbert.training.finetuning.config import METRICS_BY_TASK, FinetuneConfig
 from scratchbert.training.finetuning.run import finetune
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 import argparse
 
 from scratchbert.errors import ScratchBertError
-from scratchbert.training.config_file import add_config_arguments, resolve_args
+from scratchbert.training.run_setup import add_config_arguments, resolve_args
 from scratchbert.training.pretraining.config import PretrainConfig
-from scratchbert.training.pretraining.corpus import progress_bars
 from scratchbert.training.pretraining.prepared import PREPARE_OPTIONS, prepare_data, read_manifest
 
 HELP = (
@@ -28,8 +27,7 @@ def run(args: argparse.Namespace) -> int:
         raise ScratchBertError("prepare-data needs --output-dir: the folder to write the prepared data to.")
     if config.prepared_data:
         raise ScratchBertError("prepare-data builds a prepared-data folder; --prepared-data reads one. Leave it out.")
-    with progress_bars(config.progress_bar):
-        folder = prepare_data(config)
+    folder = prepare_data(config)
     manifest = read_manifest(folder)
     print(
         f"prepared {manifest['train_examples']} training and {manifest['held_out_examples']} held-out examples "

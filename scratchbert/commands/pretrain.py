@@ -11,7 +11,7 @@ import sys
 
 from accelerate import PartialState
 
-from scratchbert.training.config_file import add_config_arguments, format_sources, resolve_args
+from scratchbert.training.run_setup import add_config_arguments, format_sources, resolve_args
 from scratchbert.training.pretraining.config import PretrainConfig
 from scratchbert.training.pretraining.loop import DEMO_SENTENCES, pretrain, print_fill_mask
 from scratchbert.training.pretraining.prepared import read_manifest

@@ -44,7 +44,7 @@ from scratchbert.errors import CorruptCheckpointError, ScratchBertError, disk_fu
 from scratchbert.training.pretraining.config import PretrainConfig, resumable_options
 from scratchbert.training.pretraining.corpus import TOKENIZER_DIR
 from scratchbert.training.pretraining.sharding import unsharded_copy
-from scratchbert.training.run_folder import OutputDirLock, check_output_folder
+from scratchbert.training.run_setup import OutputDirLock, check_output_folder
 
 CHECKPOINTS = "checkpoints"
 

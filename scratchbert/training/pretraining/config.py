@@ -42,7 +42,7 @@ from pathlib import Path
 from scratchbert.configuration_scratchbert import ScratchBertConfig
 from scratchbert.errors import ScratchBertError
 from scratchbert.modeling_scratchbert import ScratchBertForMaskedLM, ScratchBertForPreTraining
-from scratchbert.training.config_file import ConfigFile
+from scratchbert.training.run_setup import ConfigFile
 from scratchbert.training.pretraining.examples import check_max_seq_length
 
 # (num_hidden_layers, hidden_size); heads and feed-forward width follow BERT's ratios.

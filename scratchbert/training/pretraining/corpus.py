@@ -8,15 +8,14 @@ folder is touched, so a bad input never damages a finished run.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import shutil
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import datasets
 import torch
-from accelerate import Accelerator, PartialState
+from accelerate import Accelerator
 from datasets.arrow_dataset import Column
 
 from scratchbert import ingestion
@@ -27,11 +26,6 @@ from scratchbert.training.pretraining.config import DEFAULT_VOCAB_SIZE, Pretrain
 from scratchbert.training.pretraining.examples import build_examples, tokenize_documents
 
 TOKENIZER_DIR = "tokenizer"  # the run's own tokenizer, in its output folder
-
-
-def _show_progress(config: PretrainConfig) -> bool:
-    """datasets' bars: with --progress-bar, on one process per machine (the others read its cache)."""
-    return config.progress_bar and PartialState().is_local_main_process
 
 
 def load_corpus(config: PretrainConfig) -> Sequence[str] | datasets.IterableDataset:
@@ -49,8 +43,7 @@ def load_corpus(config: PretrainConfig) -> Sequence[str] | datasets.IterableData
         documents = ingestion.load_documents(source, text_column=config.text_column, streaming=True)
         return documents.filter(lambda example: bool(example["text"] and example["text"].strip()))
     if config.train_files or config.dataset:
-        with progress_bars(_show_progress(config)):
-            dataset = ingestion.load_documents(config.train_files or config.dataset, text_column=config.text_column)
+        dataset = ingestion.load_documents(config.train_files or config.dataset, text_column=config.text_column)
         plain_text = config.train_files and {ingestion.format_of(f) for f in ingestion.expand_files(config.train_files)} == {"text"}
         documents = (dataset if plain_text else _with_text(dataset))["text"]  # text files' documents are never blank
     else:
@@ -147,7 +140,7 @@ def build_data(config: PretrainConfig, accelerator: Accelerator, resuming: bool 
 def build_long_dataset(config: PretrainConfig, tokenizer, train_docs, accelerator: Accelerator):
     """--long-phase: the training documents' examples at --long-seq-length (the tokens come from the cache)."""
     long_length = config.long_seq_length or config.max_position_embeddings
-    with accelerator.main_process_first(), progress_bars(_show_progress(config)):
+    with accelerator.main_process_first():
         tokenized = tokenize_documents(train_docs, tokenizer, num_proc=config.num_proc, sentences=config.packing != "full-sentences")
         dataset = build_examples(tokenized, tokenizer, seed=config.seed + 20_000, **_recipe(config, long_length))
     if len(dataset) == 0:
@@ -173,17 +166,6 @@ def build_datasets(config: PretrainConfig, tokenizer, train_docs: Sequence[str],
     offers more distinct sentence pairs than one pass over it would. Without NSP every B
     is the text that follows A.
     """
-    with progress_bars(_show_progress(config)):
-        return _build_datasets(config, tokenizer, train_docs, eval_docs)
-
-
-def _recipe(config: PretrainConfig, max_seq_length: int | None = None) -> dict:
-    """What `examples.build_examples` needs to know of the run: the recipe's packing, length and pairing."""
-    return {"packing": config.packing, "max_seq_length": max_seq_length or config.max_seq_length, "short_seq_prob": config.short_seq_prob,
-            "nsp_probability": 0.5 if config.nsp else 0.0, "num_proc": config.num_proc}  # fmt: skip
-
-
-def _build_datasets(config: PretrainConfig, tokenizer, train_docs, eval_docs):
     examples = functools.partial(build_examples, tokenizer=tokenizer, **_recipe(config))
     splits = []
     for name, docs, copies, seed in (
@@ -213,39 +195,18 @@ def _build_datasets(config: PretrainConfig, tokenizer, train_docs, eval_docs):
     return train_dataset, eval_dataset
 
 
+def _recipe(config: PretrainConfig, max_seq_length: int | None = None) -> dict:
+    """What `examples.build_examples` needs to know of the run: the recipe's packing, length and pairing."""
+    return {"packing": config.packing, "max_seq_length": max_seq_length or config.max_seq_length, "short_seq_prob": config.short_seq_prob,
+            "nsp_probability": 0.5 if config.nsp else 0.0, "num_proc": config.num_proc}  # fmt: skip
+
+
 def build_stream_datasets(config: PretrainConfig, tokenizer, train_docs: datasets.IterableDataset, eval_docs: datasets.IterableDataset):
     """--streaming: the training examples as a stream, and a fixed held-out set read from the start of its stream.
 
     The training stream is one pass over the documents with the recipe's examples (sentence
     pairs are paired once: `--dupe-factor` does not apply); each epoch reads it again.
     """
-    with progress_bars(_show_progress(config)):
-        eval_dataset = build_examples(eval_docs, tokenizer, seed=config.seed + 10_000, **_recipe(config))
-        eval_dataset = streaming.materialize(eval_dataset, config.max_eval_examples or None, "held-out")
+    eval_dataset = build_examples(eval_docs, tokenizer, seed=config.seed + 10_000, **_recipe(config))
+    eval_dataset = streaming.materialize(eval_dataset, config.max_eval_examples or None, "held-out")
     return build_examples(train_docs, tokenizer, seed=config.seed, **_recipe(config)), eval_dataset
-
-
-@contextlib.contextmanager
-def progress_bars(enabled: bool) -> Iterator[None]:
-    """Inside the block the progress bars of datasets and transformers (saving a model) are off unless `enabled`.
-
-    Their global switches are restored after. (With bars on, every `map` here shows one bar
-    with its rate in documents per second, also when it runs in several processes.)
-    """
-    from datasets.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
-    from transformers.utils import logging as transformers_logging
-
-    switches = (
-        (lambda: not are_progress_bars_disabled(), disable_progress_bars, enable_progress_bars),
-        (transformers_logging.is_progress_bar_enabled, transformers_logging.disable_progress_bar, transformers_logging.enable_progress_bar),
-    )
-    switched_off = []
-    for is_on, switch_off, switch_on in switches if not enabled else ():
-        if is_on():
-            switch_off()
-            switched_off.append(switch_on)
-    try:
-        yield
-    finally:
-        for switch_on in switched_off:
-            switch_on()

@@ -22,7 +22,7 @@ the seed, so a training loop can tokenize once and re-pair every epoch with
 
 Every step is a `datasets.map` over documents; `num_proc` spreads it over processes
 (`available_cores()` by default in `scratchbert pretrain`) and the examples are the same for
-any number of them. `corpus.progress_bars(False)` silences datasets' bars around any of these calls.
+any number of them. `run_setup.progress_bars(False)` silences datasets' bars around any of these calls.
 
 Labels follow transformers' `BertForPreTraining`: `next_sentence_label` 0 means B
 continues A, 1 means B is random.

@@ -71,7 +71,7 @@ from scratchbert.training.pretraining.masking import SeededCollator, make_datalo
 from scratchbert.training.pretraining.optimization import TimeBudgetSchedule, TrainingClock, adamw, make_scheduler, parameter_groups
 from scratchbert.training.pretraining.precision import warn_if_fp32_is_faster
 from scratchbert.training.pretraining.prepared import load_prepared
-from scratchbert.training.run_folder import OutputDirLock
+from scratchbert.training.run_setup import OutputDirLock
 
 # Shown after the demo run (no --train-files / --dataset): sentences in the style of the
 # Python documentation the embedded corpus comes from, not copied from it. That text quotes
@@ -510,7 +510,7 @@ def _announce(run: Run, log: RunLog) -> None:
     """The run's first log record and the one line a user reads before the progress bar."""
     config, accelerator = run.config, run.accelerator
     parameters = sum(map(torch.numel, run.model.parameters()))
-    tracked = config.to_dict()
+    tracked = asdict(config)
     for name, value in tracked.items():  # trackers take numbers and text: a list of files as its text
         if isinstance(value, list):
             tracked[name] = str(value)

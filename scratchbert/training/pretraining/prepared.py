@@ -121,7 +121,7 @@ def prepare_data(config: PretrainConfig) -> Path:
     from accelerate import Accelerator
 
     from scratchbert.training.pretraining.corpus import build_data
-    from scratchbert.training.run_folder import check_output_folder
+    from scratchbert.training.run_setup import check_output_folder, progress_bars
 
     if config.streaming:
         raise ScratchBertError("prepare-data keeps the examples it builds; --streaming keeps none. Leave out one of them.")
@@ -129,9 +129,10 @@ def prepare_data(config: PretrainConfig) -> Path:
         raise ScratchBertError("prepare-data does not keep --long-phase examples (a run on prepared data has no long phase): leave it out.")
     folder = check_output_folder(config.output_dir, config.overwrite)
     accelerator = Accelerator(cpu=True)
-    tokenizer, train_dataset, eval_dataset, _ = build_data(config, accelerator)
-    if accelerator.is_main_process:
-        save_prepared(folder, config, tokenizer, train_dataset, eval_dataset)
+    with progress_bars(config.progress_bar and accelerator.is_local_main_process):  # one bar per machine
+        tokenizer, train_dataset, eval_dataset, _ = build_data(config, accelerator)
+        if accelerator.is_main_process:
+            save_prepared(folder, config, tokenizer, train_dataset, eval_dataset)
     accelerator.wait_for_everyone()
     return folder
 

@@ -39,9 +39,8 @@ from scratchbert.tokenization import load_tokenizer
 from scratchbert.training.pretraining import checkpoint as ckpt
 from scratchbert.training.pretraining import prepared
 from scratchbert.training.pretraining.config import DEFAULT_VOCAB_SIZE, PretrainConfig
-from scratchbert.training.pretraining.corpus import progress_bars
 from scratchbert.training.pretraining.precision import auto_precision
-from scratchbert.training.run_folder import OutputDirLock
+from scratchbert.training.run_setup import OutputDirLock, progress_bars
 
 DEFAULT_DDP_TIMEOUT = PretrainConfig.ddp_timeout  # seconds a collective waits for the other processes: the option's default
 TIMEOUT_FLAG = "ddp_timeout in a --config file"
@@ -465,13 +464,13 @@ def _on(ranks: list[int], reports: list[tuple[str, dict]]) -> str:
 def guarded_run(config: PretrainConfig):
     """Every guarantee of a pretraining run, entered once around it; yields (config, accelerator, lock).
 
-    - one run per output folder at a time (`run_folder.OutputDirLock`, claimed here if the folder exists);
+    - one run per output folder at a time (`run_setup.OutputDirLock`, claimed here if the folder exists);
     - a process that is lost (killed, hung) named in one line with the last checkpoint (`naming_lost_processes`);
     - the process group started with its deadline, processes running other software refused (`build_accelerator`),
       an output folder the machines do not share refused before anything is written (`check_shared_output_dir`);
     - `--mixed-precision auto` settled to one precision for every process (`precision.settle_mixed_precision`);
     - the CPU kernels each matrix product runs on kept in the folder, so --resume multiplies on the same ones;
-    - `--no-progress-bar` silencing datasets' and transformers' bars too.
+    - `--no-progress-bar` silencing datasets' and transformers' bars too (`progress_bars`; with bars, one machine's process draws them).
     The config yielded is the run's, with its precision settled.
     """
     with naming_lost_processes(config.output_dir, config.ddp_timeout):
@@ -479,7 +478,7 @@ def guarded_run(config: PretrainConfig):
         with OutputDirLock(config.output_dir, "scratchbert pretrain") as lock:
             lock.claim(processes)  # held from now on if the folder exists; else once the run makes it
             kernels = cpu_gemm.decisions_kept_in(Path(config.output_dir) / ckpt.KERNEL_DECISIONS_FILE)
-            with kernels, progress_bars(config.progress_bar):
+            with progress_bars(config.progress_bar and processes.is_local_main_process), kernels:  # bars: one process per machine
                 config = settle_mixed_precision(config)
                 accelerator = build_accelerator(config)  # refuses processes that run other software
                 check_shared_output_dir(accelerator, config.output_dir)  # before anything is written next to it
