@@ -2,8 +2,8 @@
 
 `PretrainConfig` is a dataclass: every knob of `scratchbert pretrain` is a field with a
 default and a one-line help text, declared in three groups as transformers' example scripts
-do (`ModelArguments`, `DataArguments`, `TrainingArguments`; the command line stays flat and
-`--help` shows the groups). A value comes from the first of these that sets it (`resolve`;
+group theirs (`ModelOptions`, `DataOptions`, `TrainingOptions`: named apart from transformers'
+`TrainingArguments`, which is Trainer's; the command line stays flat and `--help` shows the groups). A value comes from the first of these that sets it (`resolve`;
 `scratchbert pretrain --print-config` prints each option's value and source):
 
     flag  >  file (--config run.yaml)  >  recipe  >  preset  >  default
@@ -130,7 +130,7 @@ def _resumable(help_text: str, **metadata) -> dict:
 
 
 @dataclass
-class ModelArguments:
+class ModelOptions:
     """model: size, initialisation, tokenizer"""
 
     preset: str = field(default="tiny", metadata={"help": f"model size: {', '.join(PRESETS)}", "choices": PRESETS})
@@ -162,7 +162,7 @@ class ModelArguments:
 
 
 @dataclass
-class DataArguments:
+class DataOptions:
     """data: the corpus and the examples made from it"""
 
     train_files: list[str] = field(
@@ -222,7 +222,7 @@ class DataArguments:
 
 
 @dataclass
-class TrainingArguments:
+class TrainingOptions:
     """training: recipe, optimisation, bookkeeping"""
 
     recipe: str = field(
@@ -286,7 +286,7 @@ class TrainingArguments:
 
 
 @dataclass
-class PretrainConfig(TrainingArguments, DataArguments, ModelArguments, ConfigFile):
+class PretrainConfig(TrainingOptions, DataOptions, ModelOptions, ConfigFile):
     """Everything a pretraining run needs; see the module docstring for how it is layered."""
 
     JOB = "pretraining"
@@ -369,10 +369,9 @@ class PretrainConfig(TrainingArguments, DataArguments, ModelArguments, ConfigFil
             raise ScratchBertError("give either --train-files or --dataset, not both.")
         if self.resume and self.overwrite:
             raise ScratchBertError("--resume and --overwrite contradict each other: pick one.")
-        geometry = (self.model_kwargs(), self.saved_model_kwargs())
-        check_max_seq_length(self.max_seq_length)  # the examples' own bound (examples.py)
-        for kwargs in geometry:  # the model's geometry, as its config checks it
+        for kwargs in (self.model_kwargs(), self.saved_model_kwargs()):  # the model's geometry, as its config checks it
             ScratchBertConfig(**kwargs).validate_sizes()
+        check_max_seq_length(self.max_seq_length)  # the examples' own bound (examples.py)
 
     def _validate_long_phase(self) -> None:
         if not 0.0 <= self.long_phase < 1.0:

@@ -1,5 +1,8 @@
-"""Dynamic masking for BERT pretraining (pad a batch, choose tokens to predict, corrupt them), and
-the loaders whose batches it masks (`make_dataloaders`: each epoch's order, whole global batches).
+"""Dynamic masking for BERT pretraining, and the loaders whose batches it masks.
+
+`DataCollatorForPretraining` pads a batch, chooses the tokens to predict and corrupts them;
+`make_dataloaders` hands out the examples in each epoch's order, whole global batches only, each
+example masked from its own seed (`SeededCollator`).
 
 Masks are drawn when a batch is formed, not when the dataset is built, so every epoch
 (and every resumed run) sees fresh masks of the same examples ("dynamic masking", as
