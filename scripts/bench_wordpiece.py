@@ -8,7 +8,7 @@ Not a test. For each corpus, both trainers (`train_tokenizer(deterministic=True)
   only here tokens of the vocabulary that the other trainer's lacks (and, for scale, how
             many tokens two runs of the `tokenizers` trainer differ by);
   tok/word  WordPiece tokens per word on held-out text (lower is better) and the share of
-            [UNK] tokens there (`wordpiece_trainer.segmentation_stats`).
+            [UNK] tokens there (`tokenization.segmentation_stats`).
 
 The corpora: the embedded default corpus (CPython's documentation, `pretrain`'s default,
 4,096 tokens) and a larger real one, by default the 25,000 IMDB training reviews (32 MB,
@@ -35,7 +35,7 @@ from pathlib import Path
 from scratchbert import ingestion
 from scratchbert.tokenization import train_tokenizer
 from scratchbert.training.pretraining.config import DEFAULT_VOCAB_SIZE
-from scratchbert.wordpiece_trainer import segmentation_stats
+from scratchbert.tokenization import segmentation_stats
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 TRAINERS = {"scratchbert": True, "tokenizers": False}  # name -> train_tokenizer(deterministic=...)

@@ -26,8 +26,8 @@ from scratchbert.training.pretraining import checkpoint as ckpt
 from scratchbert.training.pretraining.config import RECIPES, PretrainConfig
 from scratchbert.training.pretraining.evaluation import plateau_report
 from scratchbert.training.pretraining.examples import build_packed_dataset, pack_token_stream, tokenize_documents
-from scratchbert.training.pretraining.loop import LOG_FILE, pretrain
-from scratchbert.training.pretraining.optimization import TimeBudgetSchedule, TrainingClock
+from scratchbert.training.pretraining.loop import LOG_FILE, TrainingClock, pretrain
+from scratchbert.training.pretraining.optimization import TimeBudgetSchedule
 
 # Ten topics of three words each: a document keeps to one topic, so the words around a mask
 # tell which three words it can be, while the corpus-wide most frequent token is "." (1 in 11).

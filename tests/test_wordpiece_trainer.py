@@ -1,4 +1,4 @@
-"""Tests of scratchbert.wordpiece_trainer, the deterministic WordPiece trainer behind `train_tokenizer`.
+"""Tests of the deterministic WordPiece trainer behind `train_tokenizer` (`tokenization.train_wordpiece_vocab`).
 
 * determinism: the same vocabulary for the same texts in one process (whatever the batching
   or order of the texts) and byte-identical saved files across processes with different
@@ -26,7 +26,7 @@ from transformers import AutoTokenizer
 
 from scratchbert.ingestion import default_corpus_documents
 from scratchbert.tokenization import SPECIAL_TOKENS, ScratchBertTokenizer, train_tokenizer, wordpiece_pipeline
-from scratchbert.wordpiece_trainer import count_words, segmentation_stats, train_wordpiece_vocab
+from scratchbert.tokenization import count_words, segmentation_stats, train_wordpiece_vocab
 
 REPO = Path(__file__).resolve().parents[1]
 # The embedded corpus at a size where many merges tie (pairs seen 2 or 3 times), so that

@@ -68,7 +68,7 @@ from scratchbert.training.pretraining.config import PretrainConfig, check_vocabu
 from scratchbert.training.pretraining.corpus import build_data
 from scratchbert.training.pretraining.evaluation import evaluate, held_out_passages, plateau_report, plot_training_curves, read_log, weight_checksum
 from scratchbert.training.pretraining.masking import SeededCollator, make_dataloaders, make_long_loader
-from scratchbert.training.pretraining.optimization import TimeBudgetSchedule, TrainingClock, adamw, make_scheduler, parameter_groups
+from scratchbert.training.pretraining.optimization import TimeBudgetSchedule, adamw, make_scheduler, parameter_groups
 from scratchbert.training.pretraining.precision import warn_if_fp32_is_faster
 from scratchbert.training.pretraining.prepared import load_prepared
 from scratchbert.training.run_setup import OutputDirLock
@@ -98,6 +98,42 @@ class Position:
     tokens_seen: int = 0
     training_seconds: float = 0.0  # the clock a --time-budget runs on
     phase: int = 0  # 1 once the --long-phase has begun (epoch and batches_in_epoch then count its examples)
+
+
+class TrainingClock:
+    """Seconds spent training, carried over when a run is resumed.
+
+    Evaluation and checkpoint writing are left out (`pause` / `start` around them), so a
+    budget buys the same amount of training whatever the bookkeeping costs. `timer` is
+    injectable so tests can run a budget on a clock of their own.
+    """
+
+    def __init__(self, elapsed: float = 0.0, timer=time.perf_counter):
+        self.timer = timer
+        self._elapsed = elapsed
+        self._since: float | None = None
+
+    def start(self) -> None:
+        if self._since is None:
+            self._since = self.timer()
+
+    def pause(self) -> None:
+        if self._since is not None:
+            self._elapsed += self.timer() - self._since
+            self._since = None
+
+    @contextlib.contextmanager
+    def paused(self, window: dict):
+        """The clock stopped for the block (evaluation, a checkpoint); the throughput `window` restarts after it."""
+        self.pause()
+        try:
+            yield
+        finally:
+            self.start()
+            window["start"] = time.perf_counter()  # throughput counts training time only
+
+    def seconds(self) -> float:
+        return self._elapsed + (self.timer() - self._since if self._since is not None else 0.0)
 
 
 def long_phase_first_step(config: PretrainConfig) -> int:
@@ -165,22 +201,20 @@ class PretrainResult:
 
 
 def setup(config: PretrainConfig, accelerator: Accelerator, lock: OutputDirLock, asked_precision: str | None) -> Run:
-    """Data, model, optimizer, accelerator, resume: everything the step loop needs.
+    """Data, model, batches, optimizer, accelerator, resume: everything the step loop needs.
 
     The inputs are checked before the output folder is touched (a bad corpus never damages a
-    finished run): the folder is written only once the data and the model are built.
+    finished run): the folder is written only once the data, the model and its batches are built.
     """
     resume_state = check_output_dir(config)  # None for a fresh start, else the checkpoint to resume
     set_seed(config.seed)  # weights and dropout; the data order and masks have seeds of their own
 
-    # Data: documents -> tokenizer -> examples (packed text, or NSP pairs) -> loaders that mask (corpus.py).
+    # Data: documents -> tokenizer -> examples (packed text, or NSP pairs) (corpus.py).
     if config.prepared_data:  # built ahead by `scratchbert prepare-data`: prepared.py
         tokenizer, train_dataset, eval_dataset = load_prepared(config.prepared_data, config)
         long_dataset = None  # --long-phase is refused with prepared data (config.validate)
     else:
         tokenizer, train_dataset, eval_dataset, long_dataset = build_data(config, accelerator, resuming=resume_state is not None)
-    train_loader, eval_loader, train_collate = make_dataloaders(config, tokenizer, train_dataset, eval_dataset, accelerator)
-    long_loader, long_collate = (None, None) if long_dataset is None else make_long_loader(config, tokenizer, long_dataset, accelerator.num_processes)
 
     # Model: freshly initialised, the MLM head alone or with NSP (`PretrainConfig.new_model`).
     # Its vocabulary: the checkpoint's when resuming, --vocab-size when given with --tokenizer, else the
@@ -199,8 +233,9 @@ def setup(config: PretrainConfig, accelerator: Accelerator, lock: OutputDirLock,
         # bf16 is not faster on every CPU that has bf16 instructions: a few timed steps say (precision.py)
         warn_if_fp32_is_faster(new_model, config.batch_size, config.max_seq_length, config.mlm_probability)
 
-    # Everything is known to be good: only now is the folder cleared (--overwrite) and written.
-    prepare_output_dir(config, accelerator, tokenizer, fresh_start=resume_state is None, lock=lock)
+    # Batches: loaders that hand out each epoch's examples, masked as they are drawn (masking.py).
+    train_loader, eval_loader, train_collate = make_dataloaders(config, tokenizer, train_dataset, eval_dataset, accelerator)
+    long_loader, long_collate = (None, None) if long_dataset is None else make_long_loader(config, tokenizer, long_dataset, accelerator.num_processes)
 
     # Optimizer and schedule: AdamW, warmup then linear decay over steps or the time budget (optimization.py).
     groups = parameter_groups(model, config.weight_decay)
@@ -208,6 +243,11 @@ def setup(config: PretrainConfig, accelerator: Accelerator, lock: OutputDirLock,
     optimizer = adamw(groups, accelerator.device, lr=config.learning_rate, betas=betas, eps=config.adam_epsilon)
     scheduler, budget_schedule = make_scheduler(optimizer, config.max_steps, config.warmup_ratio, config.time_budget)
     global_batch = optimization.examples_per_step(config.batch_size, config.gradient_accumulation_steps, accelerator.num_processes)
+
+    # Everything is known to be good: only now is the folder cleared (--overwrite) and written.
+    prepare_output_dir(config, accelerator, tokenizer, fresh_start=resume_state is None, lock=lock)
+
+    # Onto the device (wrapped for several processes): model, optimizer, loaders, schedule.
     if config.streaming:  # a stream is split by streaming.py and put on the device by its StreamLoader
         model, optimizer, eval_loader, scheduler = accelerator.prepare(model, optimizer, eval_loader, scheduler)
     else:

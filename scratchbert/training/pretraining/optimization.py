@@ -4,7 +4,7 @@ What the step loop (`loop.train`) does once per step, in its order: the micro-ba
 global batch (`optimizer_steps`), the loss divided by the whole step's counts (`GlobalCounts`,
 `backward_scale`), AdamW on decayed and undecayed groups (`parameter_groups`, `adamw`), then the
 schedule: warmup and linear decay over steps, or over the seconds of a `--time-budget`
-(`make_scheduler`, `TimeBudgetSchedule`, on the `TrainingClock`).
+(`make_scheduler`, `TimeBudgetSchedule`, on the loop's `TrainingClock`).
 
 The global batch
 ----------------
@@ -34,8 +34,6 @@ different dropout draws do.
 
 from __future__ import annotations
 
-import contextlib
-import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -185,42 +183,6 @@ def one_cycle(progress: float, warmup: float) -> float:
     if progress < warmup:
         return max(progress / warmup, 1e-3)  # never exactly 0: the first step must move
     return max(0.0, (1.0 - progress) / max(1e-9, 1.0 - warmup))
-
-
-class TrainingClock:
-    """Seconds spent training, carried over when a run is resumed.
-
-    Evaluation and checkpoint writing are left out (`pause` / `start` around them), so a
-    budget buys the same amount of training whatever the bookkeeping costs. `timer` is
-    injectable so tests can run a budget on a clock of their own.
-    """
-
-    def __init__(self, elapsed: float = 0.0, timer=time.perf_counter):
-        self.timer = timer
-        self._elapsed = elapsed
-        self._since: float | None = None
-
-    def start(self) -> None:
-        if self._since is None:
-            self._since = self.timer()
-
-    def pause(self) -> None:
-        if self._since is not None:
-            self._elapsed += self.timer() - self._since
-            self._since = None
-
-    @contextlib.contextmanager
-    def paused(self, window: dict):
-        """The clock stopped for the block (evaluation, a checkpoint); the throughput `window` restarts after it."""
-        self.pause()
-        try:
-            yield
-        finally:
-            self.start()
-            window["start"] = time.perf_counter()  # throughput counts training time only
-
-    def seconds(self) -> float:
-        return self._elapsed + (self.timer() - self._since if self._since is not None else 0.0)
 
 
 def make_scheduler(optimizer, max_steps: int | None, warmup_ratio: float, time_budget: float | None):
