@@ -361,7 +361,6 @@ def choose_mixed_precision(args, vocab_size: int) -> tuple[str, dict | None]:
     """--mixed-precision auto: a reused pretraining's own precision, else the faster of fp32 and bf16 here, timed
     on (a)'s model (with its --pretrain-options), batch shape and masking rate; returns the choice and
     the trial's tokens/s (None when reused)."""
-    from scratchbert import ScratchBertConfig
     from scratchbert.training.pretraining.precision import faster_precision, training_rates
 
     saved = Path(args.out) / "a" / "pretrain_config.json"
