@@ -11,15 +11,16 @@ One loop, the same on a laptop core or a cluster, written with Hugging Face Acce
   0. the guarantees  `processes.guarded_run`, entered once around the whole run: one run per output
                      folder, processes that run the same software and share the folder, a lost process
                      named in one line, `--mixed-precision auto` settled, the CPU kernels' timings kept.
-  1. `setup`         data (`corpus.py`: documents -> tokenizer -> examples, `examples.py` -> loaders that
-                     mask, `masking.py`), built and checked *before* the output folder is touched (a bad
-                     input never damages a finished run); the model (`PretrainConfig.new_model`: the MLM
-                     head alone, or with NSP in the paper's recipe); the folder written (`checkpoint.py`);
-                     AdamW and the schedule, over steps or the `--time-budget` (`optimization.py`); with
-                     `--resume`, the latest checkpoint's weights, optimizer, schedule, RNG states and place.
+  1. `setup`         data (`corpus.py`: documents -> tokenizer -> examples, `examples.py`); the model
+                     (`PretrainConfig.new_model`: the MLM head alone, or with NSP in the paper's recipe);
+                     the batches (loaders that mask, `masking.py`); AdamW and the schedule, over steps or
+                     the `--time-budget` (`optimization.py`): all built and checked *before* the output
+                     folder is written (`checkpoint.py`), so a bad input never damages a finished run;
+                     with `--resume`, the latest checkpoint's weights, optimizer, schedule, RNG states and place.
   2. `train`         the step loop, each block named where it runs: batch -> forward -> loss over the
-                     global counts (`optimization.py`) -> backward -> optimizer step -> log (the JSONL records, `RunLog`)
-                     -> evaluate (`evaluation.py`, at 15% masking whatever the training rate) -> checkpoint.
+                     global counts (`optimization.py`) -> backward -> optimizer step -> log (`RunLog`, the
+                     JSONL records) -> evaluate (`evaluation.py`, at 15% masking whatever the training
+                     rate) -> checkpoint.
   3. `finish`        the final evaluation, `save_pretrained` of model and tokenizer (loadable with the Auto
                      classes and `pipeline("fill-mask")`), a PNG of the curves, an orderly shutdown.
 
