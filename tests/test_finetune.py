@@ -66,8 +66,15 @@ from scratchbert.training.finetuning.metrics import (
     document_predictions,
     token_classification_metrics,
 )
-from scratchbert.training.finetuning.run import default_learning_rate, finetune_text_classification, fitted_schedule, make_trainer
-from scratchbert.training.finetuning.steps import CheckpointInfo, default_pooling, load_sequence_classifier
+from scratchbert.training.finetuning.run import finetune_text_classification
+from scratchbert.training.finetuning.steps import (
+    CheckpointInfo,
+    default_learning_rate,
+    default_pooling,
+    fitted_schedule,
+    load_sequence_classifier,
+    make_trainer,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]

@@ -45,9 +45,8 @@ from scratchbert.training.finetuning.data import (
     tokenize_splits,
 )
 from scratchbert.training.finetuning.metrics import document_metrics, document_predictions, report_collapse, unprefixed
-from scratchbert.training.finetuning.steps import (  # noqa: F401 (also imported from here)
+from scratchbert.training.finetuning.steps import (
     CheckpointInfo,
-    default_learning_rate,
     determinism_restored,
     fitted_schedule,
     load_sequence_classifier,
