@@ -27,8 +27,8 @@ from transformers import PreTrainedModel
 
 from scratchbert.errors import MissingFileError, ScratchBertError
 from scratchbert.modeling_scratchbert import ScratchBertForMaskedLM, ScratchBertModel
-from scratchbert.tokenization import MASK_TOKEN, load_tokenizer
-from scratchbert.weights import check_vocabulary, check_weights, model_folder, quiet_loading
+from scratchbert.tokenization import MASK_TOKEN, check_vocabulary, load_tokenizer
+from scratchbert.weights import check_weights, model_folder, quiet_loading
 
 DEFAULT_TOP_K = 5
 # Heatmap sizing: a panel grows with the number of tokens so their labels stay legible,

@@ -1007,6 +1007,16 @@ def _vocab_is_cased(vocab_file: Path) -> bool:
         return any(token != token.lower() and not token.startswith("[") for token in (line.rstrip("\n") for line in file))
 
 
+def check_vocabulary(vocab_size: int, tokenizer, where: str | os.PathLike) -> None:
+    """Refuse, in one line, a tokenizer with ids the model's embedding table does not have."""
+    if len(tokenizer) > vocab_size:
+        raise ScratchBertError(
+            f"the tokenizer of {where} has {len(tokenizer)} tokens but the model's vocabulary only {vocab_size}: they are not "
+            "a pair. Use the tokenizer the model was trained with, or resize the model first "
+            "(model.resize_token_embeddings(len(tokenizer)), then save it)."
+        )
+
+
 def load_tokenizer(path: str | os.PathLike, max_length: int = 512):
     """The tokenizer saved in a folder (a model's, or one written by `train-tokenizer`), or a Hub repository's.
 

@@ -134,16 +134,6 @@ def _folder_and_config(model_dir: str | Path) -> tuple[Path, dict]:
     return folder, config
 
 
-def check_vocabulary(vocab_size: int, tokenizer, where: str | Path) -> None:
-    """Refuse, in one line, a tokenizer with ids the model's embedding table does not have."""
-    if len(tokenizer) > vocab_size:
-        raise ScratchBertError(
-            f"the tokenizer of {where} has {len(tokenizer)} tokens but the model's vocabulary only {vocab_size}: they are not "
-            "a pair. Use the tokenizer the model was trained with, or resize the model first "
-            "(model.resize_token_embeddings(len(tokenizer)), then save it)."
-        )
-
-
 def weight_files(model_dir: str | Path) -> list[Path]:
     """The weight files of a saved model: one file, or every shard its index names."""
     folder = model_folder(model_dir)

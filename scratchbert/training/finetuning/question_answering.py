@@ -29,7 +29,7 @@ import numpy as np
 from accelerate import PartialState
 
 from scratchbert.errors import ScratchBertError
-from scratchbert.tokenization import load_tokenizer
+from scratchbert.tokenization import check_vocabulary, load_tokenizer
 from scratchbert.training.finetuning.config import METRICS_BY_TASK, FinetuneConfig
 from scratchbert.training.finetuning.data import carve_splits, fitted_inputs, read_splits
 from scratchbert.training.finetuning.metrics import unprefixed
@@ -47,7 +47,7 @@ from scratchbert.training.finetuning.steps import (
     training_arguments,
 )
 from scratchbert.training.run_setup import OutputDirLock, check_output_folder
-from scratchbert.weights import check_vocabulary, check_weights, model_folder, quiet_loading
+from scratchbert.weights import check_weights, model_folder, quiet_loading
 
 logger = logging.getLogger(__name__)
 
@@ -88,32 +88,33 @@ def finetune_question_answering(config: FinetuneConfig, model_class=None) -> dic
                 "SQuAD v2: no-answer" if null_answers else "SQuAD v1.1: span")  # fmt: skip
 
     # The data is good: only now is the folder made, and held against a second run writing there too.
-    with determinism_restored(), OutputDirLock(output_dir, "scratchbert finetune") as lock:
+    with OutputDirLock(output_dir, "scratchbert finetune") as lock:
         lock.claim(PartialState(), writing=True)
         # 3. The model: the checkpoint's encoder under a question-answering head (new unless the checkpoint has one).
         set_seed(config.seed)
         model = load_span_model(checkpoint, model_class)
 
-        # 4. The Trainer: evaluation and a checkpoint each epoch, scored per question; the best epoch reloaded at the end.
-        schedule = fitted_schedule(config, checkpoint.hidden_size, len(windows["train"]))
-        args = training_arguments(config, schedule, output_dir, best_metric)
-        trainer = make_trainer(
-            model, tokenizer, args, windows["train"].remove_columns(["example", "offset_mapping"]), windows["validation"],
-            compute_metrics=partial(span_scores, windows=windows["validation"], questions=splits["validation"], reading=reading),
-            early_stopping_patience=config.early_stopping_patience,
-        )  # fmt: skip
-        train_output = trainer.train()
+        with determinism_restored():  # what Trainer's full determinism switches, put back when the run ends
+            # 4. The Trainer: evaluation and a checkpoint each epoch, scored per question; the best epoch reloaded at the end.
+            schedule = fitted_schedule(config, checkpoint.hidden_size, len(windows["train"]))
+            args = training_arguments(config, schedule, output_dir, best_metric)
+            trainer = make_trainer(
+                model, tokenizer, args, windows["train"].remove_columns(["example", "offset_mapping"]), windows["validation"],
+                compute_metrics=partial(span_scores, windows=windows["validation"], questions=splits["validation"], reading=reading),
+                early_stopping_patience=config.early_stopping_patience,
+            )  # fmt: skip
+            train_output = trainer.train()
 
-        # 5. Evaluation: the kept epoch's validation as logged when it was evaluated; the test windows predicted and scored.
-        results = {"reading": reading.__dict__, "schedule": schedule, "windows": {name: len(split) for name, split in windows.items()},
-                   **run_outcome(trainer, train_output, config.keep_checkpoints)}  # fmt: skip
-        if "test" in splits:
-            trainer.compute_metrics = partial(span_scores, windows=windows["test"], questions=splits["test"], reading=reading)
-            results["test"] = unprefixed(trainer.predict(windows["test"], metric_key_prefix="test").metrics, "test_")
+            # 5. Evaluation: the kept epoch's validation as logged when it was evaluated; the test windows predicted and scored.
+            results = {"reading": reading.__dict__, "schedule": schedule, "windows": {name: len(split) for name, split in windows.items()},
+                       **run_outcome(trainer, train_output, config.keep_checkpoints)}  # fmt: skip
+            if "test" in splits:
+                trainer.compute_metrics = partial(span_scores, windows=windows["test"], questions=splits["test"], reading=reading)
+                results["test"] = unprefixed(trainer.predict(windows["test"], metric_key_prefix="test").metrics, "test_")
 
-        # 6. Saving: the config records how the model read a question and picked its answer (read back by `answer_questions`).
-        reading.record(trainer.model.config)
-        save_run(trainer, tokenizer, max_length, output_dir, results, config.keep_checkpoints)
+            # 6. Saving: the config records how the model read a question and picked its answer (read back by `answer_questions`).
+            reading.record(trainer.model.config)
+            save_run(trainer, tokenizer, max_length, output_dir, results, config.keep_checkpoints)
     logger.info("saved the fine-tuned model and tokenizer to %s", output_dir)
     for split in ("validation", "test"):
         if split in results:

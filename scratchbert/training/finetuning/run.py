@@ -30,7 +30,7 @@ from typing import Any
 
 from accelerate import PartialState
 
-from scratchbert.tokenization import load_tokenizer
+from scratchbert.tokenization import check_vocabulary, load_tokenizer
 from scratchbert.training.finetuning.config import METRICS_BY_TASK, FinetuneConfig
 from scratchbert.training.finetuning.data import (
     carve_splits,
@@ -56,7 +56,6 @@ from scratchbert.training.finetuning.steps import (
     training_arguments,
 )
 from scratchbert.training.run_setup import OutputDirLock, check_output_folder
-from scratchbert.weights import check_vocabulary
 
 logger = logging.getLogger(__name__)
 
@@ -99,44 +98,45 @@ def finetune(config: FinetuneConfig, model_class=None) -> dict[str, Any]:
         logger.info(advice)
 
     # The data is good: only now is the folder made, and held against a second run writing there too.
-    with determinism_restored(), OutputDirLock(output_dir, "scratchbert finetune") as lock:
+    with OutputDirLock(output_dir, "scratchbert finetune") as lock:
         lock.claim(PartialState(), writing=True)
         # 3. The model: the checkpoint as a classifier of these labels; a new head is drawn from the seed.
         set_seed(config.seed)
         model = load_sequence_classifier(checkpoint, label_names, config.reinit_head, model_class, config.pooling)
 
-        # 4. The Trainer: evaluation and a checkpoint each epoch; the best epoch by `best_metric` (the first of equal ones) reloaded at the end.
-        schedule = fitted_schedule(config, checkpoint.hidden_size, len(splits["train"]))
-        logger.info("learning rate %g (%s), %g epochs of %d optimizer steps (%s)", schedule["learning_rate"], schedule["chosen_by"]["learning_rate"],
-                    schedule["epochs"], schedule["steps_per_epoch"], schedule["chosen_by"]["epochs"])  # fmt: skip
-        args = training_arguments(config, schedule, output_dir, best_metric)
-        trainer = make_trainer(
-            model, tokenizer, args, splits["train"], splits["validation"],
-            compute_metrics=partial(document_metrics, documents=splits["validation"]["document"]), early_stopping_patience=config.early_stopping_patience,
-        )  # fmt: skip
-        train_output = trainer.train()
+        with determinism_restored():  # what Trainer's full determinism switches, put back when the run ends
+            # 4. The Trainer: evaluation and a checkpoint each epoch; the best epoch by `best_metric` (the first of equal ones) reloaded at the end.
+            schedule = fitted_schedule(config, checkpoint.hidden_size, len(splits["train"]))
+            logger.info("learning rate %g (%s), %g epochs of %d optimizer steps (%s)", schedule["learning_rate"], schedule["chosen_by"]["learning_rate"],
+                        schedule["epochs"], schedule["steps_per_epoch"], schedule["chosen_by"]["epochs"])  # fmt: skip
+            args = training_arguments(config, schedule, output_dir, best_metric)
+            trainer = make_trainer(
+                model, tokenizer, args, splits["train"], splits["validation"],
+                compute_metrics=partial(document_metrics, documents=splits["validation"]["document"]), early_stopping_patience=config.early_stopping_patience,
+            )  # fmt: skip
+            train_output = trainer.train()
 
-        # 5. Evaluation: the kept epoch's validation scores as logged when it was evaluated; each text's scores for the one-class check.
-        state = trainer.state
-        results = {"labels": label_names, "label_warnings": doubtful_labels, "schedule": schedule, "inputs": inputs,
-                   "pooling": getattr(trainer.model.config, "classifier_pooling", "cls"),
-                   **run_outcome(trainer, train_output, config.keep_checkpoints)}  # fmt: skip
-        if results["early_stopping"]["stopped_early"]:
-            logger.info("early stopping: %d evaluations without a better validation %s; stopped after %g of %g epochs (%d of %d steps)",
-                        results["early_stopping"]["patience"], best_metric, state.epoch, schedule["epochs"], state.global_step, schedule["optimizer_steps"])  # fmt: skip
-        outputs = {}  # split -> each text's logits (D, K) and label (D,)
-        for split, prefix in (("validation", "eval"), ("test", "test")):
-            if split in splits:
-                trainer.compute_metrics = partial(document_metrics, documents=splits[split]["document"])
-                output = trainer.predict(splits[split], metric_key_prefix=prefix)
-                outputs[split] = document_predictions(output.predictions, output.label_ids, splits[split]["document"])
-                if split == "test":
-                    results["test"] = unprefixed(output.metrics, "test_")
-        results["collapsed"] = report_collapse(state.log_history, outputs, label_names)
+            # 5. Evaluation: the kept epoch's validation scores as logged when it was evaluated; each text's scores for the one-class check.
+            state = trainer.state
+            results = {"labels": label_names, "label_warnings": doubtful_labels, "schedule": schedule, "inputs": inputs,
+                       "pooling": getattr(trainer.model.config, "classifier_pooling", "cls"),
+                       **run_outcome(trainer, train_output, config.keep_checkpoints)}  # fmt: skip
+            if results["early_stopping"]["stopped_early"]:
+                logger.info("early stopping: %d evaluations without a better validation %s; stopped after %g of %g epochs (%d of %d steps)",
+                            results["early_stopping"]["patience"], best_metric, state.epoch, schedule["epochs"], state.global_step, schedule["optimizer_steps"])  # fmt: skip
+            outputs = {}  # split -> each text's logits (D, K) and label (D,)
+            for split, prefix in (("validation", "eval"), ("test", "test")):
+                if split in splits:
+                    trainer.compute_metrics = partial(document_metrics, documents=splits[split]["document"])
+                    output = trainer.predict(splits[split], metric_key_prefix=prefix)
+                    outputs[split] = document_predictions(output.predictions, output.label_ids, splits[split]["document"])
+                    if split == "test":
+                        results["test"] = unprefixed(output.metrics, "test_")
+            results["collapsed"] = report_collapse(state.log_history, outputs, label_names)
 
-        # 6. Saving: the config records how the model read a text (read back by `classify_texts`), the tokenizer cuts where it did.
-        record_inputs(trainer.model.config, inputs)
-        save_run(trainer, tokenizer, inputs["max_length"], output_dir, results, config.keep_checkpoints)
+            # 6. Saving: the config records how the model read a text (read back by `classify_texts`), the tokenizer cuts where it did.
+            record_inputs(trainer.model.config, inputs)
+            save_run(trainer, tokenizer, inputs["max_length"], output_dir, results, config.keep_checkpoints)
     logger.info("saved the fine-tuned model and tokenizer to %s", output_dir)
     for split in ("validation", "test"):
         if split in results:

@@ -35,7 +35,7 @@ from accelerate import PartialState
 
 from scratchbert.errors import ScratchBertError
 from scratchbert.modeling_scratchbert import IGNORE_INDEX
-from scratchbert.tokenization import load_tokenizer
+from scratchbert.tokenization import check_vocabulary, load_tokenizer
 from scratchbert.training.finetuning.config import FinetuneConfig
 from scratchbert.training.finetuning.data import LABEL_KINDS, carve_splits, fitted_inputs, read_splits
 from scratchbert.training.finetuning.entity_metrics import is_entity_scheme, tagging_scores
@@ -52,7 +52,6 @@ from scratchbert.training.finetuning.steps import (
     training_arguments,
 )
 from scratchbert.training.run_setup import OutputDirLock, check_output_folder
-from scratchbert.weights import check_vocabulary
 
 logger = logging.getLogger(__name__)
 
@@ -92,7 +91,7 @@ def finetune_token_classification(config: FinetuneConfig, model_class=None) -> d
     logger.info("%d tags (%s): %s; best epoch by %s", len(tag_names), "entities scored" if entity_scheme else "words scored", ", ".join(tag_names), best_metric)
 
     # The data is good: only now is the folder made, and held against a second run writing there too.
-    with determinism_restored(), OutputDirLock(output_dir, "scratchbert finetune") as lock:
+    with OutputDirLock(output_dir, "scratchbert finetune") as lock:
         lock.claim(PartialState(), writing=True)
         # 3. The model: the checkpoint's encoder under a head with a row per tag (the checkpoint's own, for the same tags).
         set_seed(config.seed)
@@ -100,23 +99,24 @@ def finetune_token_classification(config: FinetuneConfig, model_class=None) -> d
             from scratchbert import ScratchBertForTokenClassification as model_class
         model = load_labelled_head(checkpoint, tag_names, config.reinit_head, model_class)
 
-        # 4. The Trainer: evaluation and a checkpoint each epoch, scored on words; the best epoch reloaded at the end.
-        schedule = fitted_schedule(config, checkpoint.hidden_size, len(pieces["train"]))
-        args = training_arguments(config, schedule, output_dir, best_metric)
-        score = partial(word_scores, tag_names=tag_names, entity_scheme=entity_scheme)
-        inputs = {name: split.remove_columns(["words", "words_read"]) for name, split in pieces.items()}
-        trainer = make_trainer(model, tokenizer, args, inputs["train"], inputs["validation"], data_collator=DataCollatorForTokenClassification(tokenizer),
-                               compute_metrics=score, early_stopping_patience=config.early_stopping_patience)  # fmt: skip
-        train_output = trainer.train()
+        with determinism_restored():  # what Trainer's full determinism switches, put back when the run ends
+            # 4. The Trainer: evaluation and a checkpoint each epoch, scored on words; the best epoch reloaded at the end.
+            schedule = fitted_schedule(config, checkpoint.hidden_size, len(pieces["train"]))
+            args = training_arguments(config, schedule, output_dir, best_metric)
+            score = partial(word_scores, tag_names=tag_names, entity_scheme=entity_scheme)
+            inputs = {name: split.remove_columns(["words", "words_read"]) for name, split in pieces.items()}
+            trainer = make_trainer(model, tokenizer, args, inputs["train"], inputs["validation"], data_collator=DataCollatorForTokenClassification(tokenizer),
+                                   compute_metrics=score, early_stopping_patience=config.early_stopping_patience)  # fmt: skip
+            train_output = trainer.train()
 
-        # 5. Evaluation: the kept epoch's validation as logged when it was evaluated; the test split predicted and scored.
-        results = {"labels": tag_names, "entity_scheme": entity_scheme, "schedule": schedule, "words_cut": words_cut,
-                   **run_outcome(trainer, train_output, config.keep_checkpoints)}  # fmt: skip
-        if "test" in inputs:
-            results["test"] = unprefixed(trainer.predict(inputs["test"], metric_key_prefix="test").metrics, "test_")
+            # 5. Evaluation: the kept epoch's validation as logged when it was evaluated; the test split predicted and scored.
+            results = {"labels": tag_names, "entity_scheme": entity_scheme, "schedule": schedule, "words_cut": words_cut,
+                       **run_outcome(trainer, train_output, config.keep_checkpoints)}  # fmt: skip
+            if "test" in inputs:
+                results["test"] = unprefixed(trainer.predict(inputs["test"], metric_key_prefix="test").metrics, "test_")
 
-        # 6. Saving: the tokenizer cuts where training cut, so the pipeline reads the words that were scored.
-        save_run(trainer, tokenizer, max_length, output_dir, results, config.keep_checkpoints)
+            # 6. Saving: the tokenizer cuts where training cut, so the pipeline reads the words that were scored.
+            save_run(trainer, tokenizer, max_length, output_dir, results, config.keep_checkpoints)
     logger.info("saved the fine-tuned model and tokenizer to %s", output_dir)
     for split in ("validation", "test"):
         if split in results:
