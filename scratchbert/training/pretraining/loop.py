@@ -210,7 +210,7 @@ def setup(config: PretrainConfig, accelerator: Accelerator, lock: OutputDirLock,
     resume_state = check_output_dir(config)  # None for a fresh start, else the checkpoint to resume
     set_seed(config.seed)  # weights and dropout; the data order and masks have seeds of their own
 
-    # Data: documents -> tokenizer -> examples (packed text, or NSP pairs) (corpus.py).
+    # Data: documents -> tokenizer -> examples, packed text or NSP pairs (corpus.py).
     if config.prepared_data:  # built ahead by `scratchbert prepare-data`: prepared.py
         tokenizer, train_dataset, eval_dataset = load_prepared(config.prepared_data, config)
         long_dataset = None  # --long-phase is refused with prepared data (config.validate)
