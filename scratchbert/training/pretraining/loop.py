@@ -348,7 +348,11 @@ def train(run: Run, timer=time.perf_counter) -> RunLog:
                 position.batches_in_epoch = 0
     except KeyboardInterrupt:
         progress.close()
-        where = f"the last checkpoint is {run.last_saved}; `--resume` continues from it" if run.last_saved else "no checkpoint was written yet"
+        # From the folder, not `run.last_saved`: a checkpoint renamed into place is whole even when the
+        # signal came before `save_checkpoint` returned.
+        saved = ckpt.list_checkpoints(run.output_dir)
+        last = str(saved[-1][1]) if saved else run.last_saved
+        where = f"the last checkpoint is {last}; `--resume` continues from it" if last else "no checkpoint was written yet"
         accelerator.print(f"interrupted at step {position.step}: {where}.")
         raise
     clock.pause()
