@@ -3,8 +3,9 @@
 `PretrainConfig` is a dataclass: every knob of `scratchbert pretrain` is a field with a
 default and a one-line help text, declared in three groups as transformers' example scripts
 group theirs (`ModelOptions`, `DataOptions`, `TrainingOptions`: named apart from transformers'
-`TrainingArguments`, which is Trainer's; the command line stays flat and `--help` shows the groups). A value comes from the first of these that sets it (`resolve`;
-`scratchbert pretrain --print-config` prints each option's value and source):
+`TrainingArguments`, which is Trainer's; the command line stays flat and `--help` shows the
+groups). A value comes from the first of these that sets it (`resolve`; `scratchbert pretrain
+--print-config` prints each option's value and source):
 
     flag  >  file (--config run.yaml)  >  recipe  >  preset  >  default
 
