@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import torch
-from accelerate import Accelerator
+from accelerate import Accelerator, PartialState
 
 from scratchbert.commands.report import report_errors
 from scratchbert.training.pretraining import checkpoint as ckpt
@@ -76,6 +76,9 @@ def run(args: argparse.Namespace) -> None:
         shared(Path(args.values[0]), float(args.values[1]))
     else:
         versions(int(args.values[0]))
+    # Ended before the interpreter is: gloo's threads still running at interpreter exit abort the
+    # process now and then ("terminate called without an active exception"), failing the launch.
+    PartialState().destroy_process_group()
 
 
 if __name__ == "__main__":

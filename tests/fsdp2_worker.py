@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import os
 import tempfile
@@ -199,6 +200,12 @@ def main() -> None:
     if accelerator.is_main_process:
         report["checkpoints"] = {path.name: sorted(os.listdir(path)) for _, path in ckpt.list_checkpoints(args.output_dir)}
         (args.output_dir / "report.json").write_text(json.dumps(report, indent=1))
+    # As `loop.shut_down`: every reference to what holds the process group dropped and collected, all ranks
+    # waited for, and only then the group destroyed (gloo threads left at interpreter exit abort the process).
+    del model, optimizer, scheduler
+    accelerator.free_memory()
+    gc.collect()
+    accelerator.wait_for_everyone()
     accelerator.end_training()
 
 
